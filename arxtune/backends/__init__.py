@@ -1,0 +1,42 @@
+"""Backend registry: name -> module that defines it, imported on demand.
+
+Importing lazily keeps optional dependencies (pyverbs, vLLM) out of start-up
+and turns a missing one into a recorded reason instead of an ImportError.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import OPS, Backend, BackendUnavailable, GroupContext
+
+#: backend name -> "module:Class"; the order is the order of sweeps and plots.
+REGISTRY: dict[str, str] = {
+    "gloo": "arxtune.backends.torch_dist:GlooBackend",
+    "nccl": "arxtune.backends.torch_dist:NcclBackend",
+    "arx": "arxtune.backends.arx:ArxOneShot",
+    "arx2": "arxtune.backends.arx:ArxTwoShot",
+}
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def backend_class(name: str) -> type:
+    if name not in REGISTRY:
+        raise KeyError(name)
+    module_name, class_name = REGISTRY[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendUnavailable(f"cannot import {module_name}: {exc}") from exc
+    return getattr(module, class_name)
+
+
+def create(name: str, ctx: GroupContext) -> Backend:
+    """Build a backend or raise BackendUnavailable with the reason."""
+    return backend_class(name)(ctx)
+
+
+__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "create", "names"]

@@ -1,0 +1,9 @@
+"""Errors a user can cause. The CLI prints them as one line and exits non-zero."""
+
+
+class ArxtuneError(Exception):
+    """A problem the user can fix; the message says what and how."""
+
+
+class FormatError(ArxtuneError):
+    """A results or thresholds file that is corrupt or of an unknown version."""

@@ -1,0 +1,52 @@
+"""Readable tables of runs and thresholds files, for `arxtune show`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from .config import format_bytes
+from .results import load_run
+from .thresholds import Thresholds, load
+
+
+def run_table(path: str | Path) -> RichTable:
+    run = load_run(path)
+    meta = run.meta
+    title = (f"run {meta.run_id}: world {meta.world_size}, {', '.join(sorted(set(meta.hostnames)))}, "
+             f"torch {meta.torch_version}, started {meta.started}, {'finished ' + meta.finished if meta.finished else 'unfinished'}")
+    table = RichTable(title=title, title_justify="left")
+    for column in ("backend", "op", "dtype", "mode", "bytes", "median us", "p10-p90 us", "95% CI us", "busbw GB/s", "iters", "status"):
+        table.add_column(column, justify="right" if column not in ("backend", "op", "dtype", "mode", "status") else "left")
+    for row in run.frame().itertuples():
+        if row.status == "ok":
+            flag = " unstable" if row.unstable else ""
+            table.add_row(row.backend, row.op, row.dtype, row.mode, format_bytes(row.nbytes), f"{row.median_us:.1f}",
+                          f"{row.p10_us:.1f}-{row.p90_us:.1f}", f"{row.ci_low_us:.1f}-{row.ci_high_us:.1f}",
+                          f"{row.busbw_gbps:.3f}", str(row.iters), "ok" + flag)
+        else:
+            table.add_row(row.backend, row.op, row.dtype, row.mode, format_bytes(row.nbytes), "", "", "", "", "", f"{row.status}: {row.error}")
+    for name, state in meta.backends.items():
+        if not state.get("available"):
+            table.add_row(name, "", "", "", "", "", "", "", "", "", f"unavailable: {state.get('reason', '')}")
+    return table
+
+
+def thresholds_table(thresholds: Thresholds) -> RichTable:
+    p = thresholds.provenance
+    table = RichTable(title=f"thresholds from run {p.get('run_id')} ({p.get('mode')}), baseline {thresholds.baseline}, margin {thresholds.margin:.0%}",
+                      title_justify="left")
+    for column in ("op", "dtype", "world", "from (incl.)", "to (excl.)", "backend", "source"):
+        table.add_column(column)
+    for t in thresholds.tables:
+        for r in t.ranges:
+            table.add_row(t.op, t.dtype, str(t.world_size), format_bytes(r.lo), "inf" if r.hi is None else format_bytes(r.hi), r.backend, r.source)
+    return table
+
+
+def show(path: str | Path, console: Console | None = None) -> None:
+    console = console or Console()
+    path = Path(path)
+    console.print(run_table(path) if path.is_dir() else thresholds_table(load(path)))

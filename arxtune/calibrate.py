@@ -3,8 +3,9 @@
 Per (op, dtype) and size, the baseline keeps the point unless another correct
 backend is faster with confidence: its median's interval lies wholly below
 the baseline's and its median beats the baseline's by more than `margin`.
-Sizes outside the measured grid get the choice predicted by each backend's
-alpha-beta fit, under the same margin rule.
+Sizes outside the measured grid get the choice predicted by the alpha-beta
+fits of the baseline and of the backend that won the nearest measured size,
+under the same margin rule.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ DEFAULT_MARGIN = 0.05
 EXTRAPOLATE_STEPS = 8
 
 
-def fit_alpha_beta(nbytes: np.ndarray, median_us: np.ndarray) -> tuple[float, float] | None:
-    """Least squares of t = alpha + bytes/bandwidth in relative error; (alpha_us, GB/s) or None."""
+def fit_alpha_beta(nbytes: np.ndarray, median_us: np.ndarray) -> tuple[float, float | None] | None:
+    """Least squares of t = alpha + bytes/bandwidth in relative error: (alpha_us, GB/s), or None with < 2 points.
+
+    When the times show no growth with size, the fit is latency only (bandwidth None).
+    """
     if len(nbytes) < 2:
         return None
     weights = 1.0 / median_us
     design = np.stack([weights, nbytes * weights], axis=1)
     (alpha, slope), *_ = np.linalg.lstsq(design, np.ones_like(median_us), rcond=None)
     if slope <= 0:
-        return None
+        return float(np.median(median_us)), None
     return max(0.0, float(alpha)), float(1e-3 / slope)
 
 
@@ -93,9 +97,9 @@ def calibrate(run: Run, baseline: str | None = None, margin: float = DEFAULT_MAR
         points = [(float(size), w, "measured") for size, rows in group.groupby("nbytes") if (w := _winner(rows, baseline, margin))]
         if not points:
             continue
-        first, last = group[group.nbytes == points[0][0]], group[group.nbytes == points[-1][0]]
-        below = [m for m in group_models if m.backend in set(first.backend)]
-        above = [m for m in group_models if m.backend in set(last.backend)]
+        # Beyond the grid only the baseline and the backend that won the edge point confidently compete.
+        below = [m for m in group_models if m.backend in {baseline, points[0][1]}]
+        above = [m for m in group_models if m.backend in {baseline, points[-1][1]}]
         outside = [(points[0][0] / step**k, below) for k in range(EXTRAPOLATE_STEPS, 0, -1) if points[0][0] / step**k >= 1]
         outside += [(points[-1][0] * step**k, above) for k in range(1, EXTRAPOLATE_STEPS + 1)]
         for size, usable in outside:

@@ -69,13 +69,10 @@ class Communicator:
         loaded, why = _read(thresholds)
         self.baseline_name = baseline or (loaded.baseline if loaded else default_baseline(ctx.device))
         self.thresholds = loaded
-        lookup = Lookup(loaded, ctx.world_size) if loaded else None
-        if loaded and not lookup:
+        if loaded and ctx.world_size not in loaded.world_sizes:
             why = f"thresholds are for world size {sorted(loaded.world_sizes)}, this group has {ctx.world_size}"
-        wanted = sorted((loaded.backends if lookup else set()) | {self.baseline_name})
-        from .config import SweepConfig
-
-        opened, status = open_backends(SweepConfig(backends=tuple(wanted)), ctx)
+        wanted = sorted((loaded.backends if not why else set()) | {self.baseline_name})
+        opened, status = open_backends(wanted, ctx)
         if self.baseline_name not in opened:
             raise ArxtuneError(f"baseline backend {self.baseline_name} cannot run: {status[self.baseline_name]['reason']}")
         self.baseline: Backend = opened[self.baseline_name]
@@ -86,7 +83,7 @@ class Communicator:
         elif missing:
             log.warning("arxtune: %s cannot start (%s); their ranges use %s", ", ".join(missing),
                         "; ".join(f"{n}: {r}" for n, r in missing.items()), self.baseline_name)
-        self._lookup = lookup if not why else None
+        self._lookup = None if why else Lookup(loaded, ctx.world_size, resolve=lambda name: opened.get(name, self.baseline))
 
     @classmethod
     def from_env(cls, thresholds: str | Path | Thresholds | None = None, device: torch.device | None = None, group=None) -> "Communicator":
@@ -105,24 +102,25 @@ class Communicator:
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int) -> Backend:
         """The backend for one call; the baseline when nothing else applies."""
-        name = self._lookup.choose(op, dtype, nbytes) if self._lookup is not None else None
-        backend = self._backends.get(name) if name else None
-        if backend is None or not backend.supports(op, dtype, nbytes):
+        backend = self._lookup.choose(op, dtype, nbytes) if self._lookup is not None else None
+        if backend is None or (backend is not self.baseline and not backend.supports(op, dtype, nbytes)):
             return self.baseline
         return backend
 
+    def _nbytes(self, op: str, tensor: torch.Tensor) -> int:
+        return tensor.nbytes * self.ctx.world_size if op == "all_gather" else tensor.nbytes
+
     def route(self, op: str, tensor: torch.Tensor) -> Backend | None:
-        """The non-baseline backend that should take this call, or None (caller uses its own path)."""
-        nbytes = tensor.numel() * tensor.element_size() * (1 if op != "all_gather" else self.ctx.world_size)
-        backend = self.choose(op, tensor.dtype, nbytes)
+        """The non-baseline backend that should take this call, or None (the caller uses its own path)."""
+        backend = self.choose(op, tensor.dtype, self._nbytes(op, tensor))
         return None if backend is self.baseline else backend
 
-    def _run(self, op: str, tensor: torch.Tensor, backend: Backend | None = None) -> torch.Tensor:
+    def _run(self, op: str, tensor: torch.Tensor) -> torch.Tensor:
         flat = tensor.contiguous().view(-1)
-        out_elems = OP_SPECS[op].shapes(flat.numel() if op != "reduce_scatter" else flat.numel() // self.ctx.world_size, self.ctx.world_size)[1]
-        out = torch.empty(out_elems, dtype=tensor.dtype, device=tensor.device)
-        nbytes = flat.numel() * flat.element_size() * (self.ctx.world_size if op == "all_gather" else 1)
-        getattr(backend or self.choose(op, tensor.dtype, nbytes), op)(flat, out)
+        world = self.ctx.world_size
+        per_rank = flat.numel() // world if op == "reduce_scatter" else flat.numel()
+        out = torch.empty(OP_SPECS[op].shapes(per_rank, world)[1], dtype=tensor.dtype, device=tensor.device)
+        getattr(self.choose(op, tensor.dtype, self._nbytes(op, flat)), op)(flat, out)
         return out
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -78,5 +78,9 @@ def describe_host(ctx: GroupContext) -> dict:
 
 
 def shutdown() -> None:
+    """Leave together: a rank tearing gloo down while a peer still talks to it can abort the peer."""
     if dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -47,6 +48,7 @@ def thresholds_table(thresholds: Thresholds) -> RichTable:
 
 
 def show(path: str | Path, console: Console | None = None) -> None:
-    console = console or Console()
+    # Piped output keeps whole columns rather than the 80-column default.
+    console = console or Console(width=None if sys.stdout.isatty() else 180)
     path = Path(path)
     console.print(run_table(path) if path.is_dir() else thresholds_table(load(path)))

@@ -56,15 +56,17 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def open_backends(config: SweepConfig, ctx: GroupContext) -> tuple[dict[str, Backend], dict[str, dict]]:
-    """Create every configured backend; one that fails on any rank is closed everywhere and its reason kept."""
+def open_backends(names: list[str] | tuple[str, ...], ctx: GroupContext) -> tuple[dict[str, Backend], dict[str, dict]]:
+    """Create each named backend; one that fails on any rank is closed everywhere and its reason kept."""
     ready, status = {}, {}
-    for name in config.backends:
+    for name in names:
         backend, reason = None, ""
         try:
             backend = backends.create(name, ctx)
         except BackendUnavailable as exc:
             reason = exc.reason
+        except KeyError:
+            reason = f"{name} is not a registered backend"
         reasons = distributed.gather_objects(reason, ctx.cpu_group)
         failed = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why]
         if failed:
@@ -221,7 +223,7 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
     error, config, done, path = distributed.gather_objects(shared, ctx.cpu_group)[0]
     if error:
         raise ArxtuneError(error)
-    ready, status = open_backends(config, ctx)
+    ready, status = open_backends(config.backends, ctx)
     hosts = distributed.gather_objects(distributed.describe_host(ctx), ctx.cpu_group)
     try:
         if writer:

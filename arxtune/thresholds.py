@@ -15,8 +15,9 @@ import csv
 import io
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from .backends import OPS
 from .collectives import DTYPES
@@ -52,10 +53,10 @@ class Model:
     dtype: str
     world_size: int
     alpha_us: float
-    bandwidth_gbps: float
+    bandwidth_gbps: float | None  # None: no measurable growth with size over the grid
 
     def predict_us(self, nbytes: float) -> float:
-        return self.alpha_us + nbytes / (self.bandwidth_gbps * 1e3)
+        return self.alpha_us + (nbytes / (self.bandwidth_gbps * 1e3) if self.bandwidth_gbps else 0.0)
 
 
 @dataclass(frozen=True)
@@ -157,21 +158,25 @@ def load(path: str | Path) -> Thresholds:
 
 
 class Lookup:
-    """(op, dtype, nbytes) -> backend name for one world size; a dict and a bisect per call."""
+    """(op, dtype, nbytes) -> choice for one world size: a dict get and a bisect per call.
 
-    def __init__(self, thresholds: Thresholds, world_size: int):
-        self._tables: dict[tuple, tuple[list[int], list[str]]] = {}
+    `resolve` maps a backend name to what `choose` returns (by default the name
+    itself); the communicator resolves names to backend objects once, up front.
+    """
+
+    def __init__(self, thresholds: Thresholds, world_size: int, resolve: Callable[[str], Any] = str):
+        self._tables: dict[tuple, tuple[list[int], list]] = {}
         for t in thresholds.tables:
             if t.world_size == world_size:
-                self._tables[(t.op, DTYPES[t.dtype])] = ([r.lo for r in t.ranges[1:]], [r.backend for r in t.ranges])
+                self._tables[(t.op, DTYPES[t.dtype])] = ([r.lo for r in t.ranges[1:]], [resolve(r.backend) for r in t.ranges])
 
     def __bool__(self) -> bool:
         return bool(self._tables)
 
-    def choose(self, op: str, dtype, nbytes: int) -> str | None:
-        """The backend for this call, or None when no table covers (op, dtype)."""
+    def choose(self, op: str, dtype, nbytes: int):
+        """The choice for this call, or None when no table covers (op, dtype)."""
         entry = self._tables.get((op, dtype))
         if entry is None:
             return None
-        starts, names = entry
-        return names[bisect.bisect_right(starts, nbytes)]
+        starts, choices = entry
+        return choices[bisect.bisect_right(starts, nbytes)]

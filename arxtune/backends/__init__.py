@@ -7,6 +7,7 @@ and turns a missing one into a recorded reason instead of an ImportError.
 from __future__ import annotations
 
 import importlib
+import os
 
 from .base import OPS, Backend, BackendUnavailable, GroupContext
 
@@ -17,6 +18,26 @@ REGISTRY: dict[str, str] = {
     "arx": "arxtune.backends.arx:ArxOneShot",
     "arx2": "arxtune.backends.arx:ArxTwoShot",
 }
+
+
+ENV_EXTRA = "ARXTUNE_EXTRA_BACKENDS"
+
+
+def register(name: str, target: str) -> None:
+    """Add a backend defined outside arxtune ("package.module:Class"), e.g. a site-specific transport."""
+    if ":" not in target:
+        raise ValueError(f"backend target {target!r} must look like 'package.module:Class'")
+    REGISTRY[name] = target
+
+
+def _register_from_env() -> None:
+    """ARXTUNE_EXTRA_BACKENDS="name=pkg.module:Class,..." adds backends in every rank torchrun starts."""
+    for item in filter(None, os.environ.get(ENV_EXTRA, "").split(",")):
+        name, _, target = item.partition("=")
+        register(name.strip(), target.strip())
+
+
+_register_from_env()
 
 
 def names() -> list[str]:
@@ -39,4 +60,4 @@ def create(name: str, ctx: GroupContext) -> Backend:
     return backend_class(name)(ctx)
 
 
-__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "create", "names"]
+__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "create", "names", "register"]

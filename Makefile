@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make run` (the default sweep) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU wheel on these machines; set TORCH_SPEC= to keep a torch you already have.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.arxtune-installed
+
+.PHONY: venv run test test-rdma test-vllm test-gpu bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(if $(TORCH_SPEC),$(BIN)/python -m pip install -q "$(TORCH_SPEC)")
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+run: venv
+	$(BIN)/arxtune sweep
+
+test: venv
+	$(BIN)/python -m pytest -q tests --ignore=tests/rdma --ignore=tests/vllm
+
+test-rdma: venv
+	bash scripts/test-rdma.sh
+
+test-vllm:
+	bash scripts/test-vllm.sh
+
+test-gpu: venv
+	$(BIN)/python -m pytest -q -m gpu tests/test_gpu.py
+
+bench: venv
+	$(BIN)/python benchmarks/dispatch_overhead.py
+
+clean:
+	rm -rf $(VENV) .venv-vllm .cache

@@ -69,12 +69,15 @@ def sweep(
     """
     from . import distributed, launch, sweep as sweep_mod
     from .config import SweepConfig, load_config
+    from .results import load_run
 
     try:
         base = load_config(config) if config else SweepConfig()
         cfg = base.with_overrides(backends=backends, ops=ops, dtypes=dtypes, modes=modes, min_bytes=min_bytes,
                                   max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s, out=out)
         if not distributed.under_torchrun():
+            if resume:
+                load_run(resume)  # a bad run directory is reported here, before any rank starts
             plan = launch.LaunchPlan(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
             plan.torchrun_args()  # validate before starting anything
             code = launch.run_under_torchrun(plan, sys.argv[1:])
@@ -86,6 +89,11 @@ def sweep(
             _finish(path)
     except ArxtuneError as exc:
         _fail(exc)
+    # A finished rank leaves without interpreter teardown: destructors of torch's
+    # communication threads have been seen to abort a rank whose work was complete.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @app.command()

@@ -117,8 +117,16 @@ class RunWriter:
 
     @classmethod
     def resume(cls, path: str | Path) -> "RunWriter":
+        """Reopen an interrupted run; a torn last line is cut off so new points start on a line of their own."""
         run = load_run(path)
         run.meta.finished = None
+        points = run.path / POINTS_FILE
+        tmp = points.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(POINT_COLUMNS)
+            writer.writerows(record.to_row() for record in run.records)
+        os.replace(tmp, points)
         return cls(run.path, run.meta, {record.key: record for record in run.records})
 
     def append(self, record: PointRecord) -> None:

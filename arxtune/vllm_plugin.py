@@ -32,9 +32,10 @@ Switches (environment variables, the same on every rank):
 - ARXTUNE_THRESHOLDS: the thresholds file (default ~/.config/arxtune/thresholds.json,
   where `arxtune calibrate RUN --install` writes).
 - ARXTUNE_VLLM_DISABLE=1: do not install the communicator at all.
-- ARXTUNE_VLLM_LOG: level of the plugin's logger "vllm.arxtune": debug adds
-  one line per routed call, warning hides the start-up line, error hides the
-  fallback warnings (default: vLLM's level).
+- ARXTUNE_VLLM_LOG: what the plugin's logger "vllm.arxtune" says: info (default:
+  the start-up line and warnings), calls (also one INFO line per TP collective
+  call: op, dtype, bytes, who took it), warning (fallback warnings only),
+  error (nothing unless something breaks).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ import logging
 import os
 import sys
 from collections import Counter
+
+import torch
 
 log = logging.getLogger("vllm.arxtune")  # a child of vLLM's logger: vLLM's handler and format
 
@@ -62,30 +65,44 @@ _base_qualname: str | None = None
 _wrapper: type | None = None
 
 
+_log_calls = False
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _configure_log(setting: str) -> None:
+    """ARXTUNE_VLLM_LOG: info (vLLM's level) | calls | warning | error; unknown values read as info."""
+    global _log_calls
+    setting = setting.strip().lower()
+    _log_calls = setting == "calls"
+    log.setLevel({"calls": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}.get(setting, logging.NOTSET))
+
+
 def register() -> None:
-    """The vllm.general_plugins entry point; safe to call more than once per process."""
-    global _base_qualname
+    """The vllm.general_plugins entry point; safe to call more than once per process, never raises."""
     if _truthy(os.environ.get(ENV_DISABLE)):
         log.info("arxtune: %s=1, vLLM's own communicator is used", ENV_DISABLE)
         return
-    level = os.environ.get(ENV_LOG, "").strip().upper()
-    if level:
-        value = logging.getLevelName(level)
-        log.setLevel(value if isinstance(value, int) else logging.INFO)
+    try:
+        _install()
+    except Exception as exc:  # vLLM calls plugins unguarded: a failure here would stop vLLM
+        log.warning("arxtune: not installed (%s: %s); vLLM's own communicator is used", type(exc).__name__, exc)
+
+
+def _install() -> None:
+    global _base_qualname
+    _configure_log(os.environ.get(ENV_LOG, ""))
     from vllm.platforms import current_platform
 
-    original = current_platform.get_device_communicator_cls
-    base = original()
+    base = current_platform.get_device_communicator_cls()
     if base == WRAPPER_QUALNAME:
         return
     _base_qualname = base
 
     def get_device_communicator_cls() -> str:
-        # vLLM's stateless (elastic EP) coordinator asserts it gets CudaCommunicator itself.
+        # vLLM's stateless (elastic EP) coordinator asserts it gets exactly CudaCommunicator.
         caller = sys._getframe(1).f_globals.get("__name__", "")
         return base if caller == "vllm.distributed.stateless_coordinator" else WRAPPER_QUALNAME
 
@@ -116,32 +133,31 @@ def wrap(base: type) -> type:
 class Routes:
     """The per-group decision: which backend takes (op, dtype, bytes), or None for vLLM's path."""
 
-    def __init__(self, lookup, backends: dict, world_size: int, cuda: bool):
+    def __init__(self, lookup, backends: dict, cuda: bool):
         self.lookup = lookup
         self.backends = backends
-        self.world_size = world_size
         self.cuda = cuda
         self.calls: Counter = Counter()  # (op, backend name or "vllm") -> calls
-        self.debug = log.isEnabledFor(logging.DEBUG)
+        self.log_calls = _log_calls
 
     def pick(self, op: str, tensor, nbytes: int):
         backend = self.backends.get(self.lookup.choose(op, tensor.dtype, nbytes))
         if backend is not None and not backend.supports(op, tensor.dtype, nbytes):
             backend = None
         if backend is not None and self.cuda and not backend.capturable:
-            import torch
-
             if torch.cuda.is_current_stream_capturing():
                 backend = None
         name = backend.name if backend is not None else VLLM_PATH
         self.calls[(op, name)] += 1
-        if self.debug:
-            log.debug("arxtune: %s %s %d bytes -> %s", op, tensor.dtype, nbytes, name)
+        if self.log_calls:
+            log.info("arxtune: %s %s %d bytes -> %s", op, tensor.dtype, nbytes, name)
         return backend
 
-    def count_vllm(self, op: str) -> None:
+    def count_vllm(self, op: str, tensor) -> None:
         """A call of `op` that only vLLM's path can serve (e.g. a reduce-scatter along dim 1)."""
         self.calls[(op, VLLM_PATH)] += 1
+        if self.log_calls:
+            log.info("arxtune: %s %s %s along another dim -> %s", op, tensor.dtype, tuple(tensor.shape), VLLM_PATH)
 
     def close(self) -> None:
         for backend in self.backends.values():
@@ -172,22 +188,19 @@ class ArxtuneRouting:
         if routes is None:
             return None
         if not eligible:
-            routes.count_vllm(op)
+            routes.count_vllm(op, tensor)
             return None
         return routes.pick(op, tensor, nbytes)
 
     def _arxtune_gather(self, backend, input_):
         """Every rank's input concatenated along dim 0."""
-        import torch
-
         flat = input_.contiguous().view(-1)
         out = torch.empty(flat.numel() * self.world_size, dtype=input_.dtype, device=input_.device)
         backend.all_gather(flat, out)
         return out.view(input_.shape[0] * self.world_size, *input_.shape[1:])
 
     def _arxtune_reduce_scatter(self, backend, input_):
-        import torch
-
+        """This rank's dim-0 slice of the sum over ranks."""
         flat = input_.contiguous().view(-1)
         out = torch.empty(flat.numel() // self.world_size, dtype=input_.dtype, device=input_.device)
         backend.reduce_scatter(flat, out)
@@ -197,8 +210,6 @@ class ArxtuneRouting:
         backend = self._arxtune_pick("all_reduce", input_, input_.numel() * input_.element_size())
         if backend is None:
             return super().all_reduce(input_)
-        import torch
-
         flat = input_.contiguous().view(-1)
         out = torch.empty_like(flat)
         backend.all_reduce(flat, out)
@@ -384,4 +395,4 @@ def _open_routes(comm) -> Routes | None:
     run = thresholds.provenance.get("run_id")
     _say(comm, logging.INFO, f"takes {'; '.join(taken)}; everything else goes to vLLM's {_base_name(comm)} "
          f"(thresholds {path}{f', run {run}' if run else ''})")
-    return Routes(Lookup(thresholds, world), opened, world, device.type == "cuda")
+    return Routes(Lookup(thresholds, world), opened, device.type == "cuda")

@@ -70,6 +70,7 @@ def test_bad_config_fails_before_launching(tmp_path, monkeypatch):
     assert "unknown op" in _one_line_error(invoke("sweep", "--config", config))
     assert "unknown dtype" in _one_line_error(invoke("sweep", "--dtypes", "float8"))
     assert "--rdzv-endpoint" in _one_line_error(invoke("sweep", "--nnodes", "2"))
+    assert "not an arxtune run" in _one_line_error(invoke("sweep", "--resume", tmp_path))
 
 
 def test_help_has_examples():

@@ -38,7 +38,9 @@ def test_torn_last_line_is_dropped_and_resume_keeps_the_rest(tmp_path):
     writer = RunWriter.resume(run.path)
     assert set(writer.done) == {("gloo", "all_reduce", "float32", "eager", 1024), ("gloo", "all_reduce", "float32", "eager", 2048)}
     assert writer.meta.finished is None
+    writer.append(PointRecord("gloo", "all_reduce", "float32", "eager", 4096, 4096, 2, "ok", (1.0,)))
     writer.close()
+    assert [r.size for r in load_run(run.path).records] == [1024, 2048, 4096]
 
 
 def test_unknown_version_is_one_clear_error(tmp_path):

@@ -1,0 +1,80 @@
+"""GPU tier: CUDA timing and GPU backends. Skips cleanly without a GPU (CI has none).
+
+    make test-gpu
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from arxtune.results import load_run
+from arxtune.timing import CudaEventTimer, CudaGraphTimer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _sleep_op(cycles: int):
+    return lambda: torch.cuda._sleep(cycles)
+
+
+def _cycles_per_us() -> float:
+    """Calibrate torch.cuda._sleep against events on this GPU."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    start.record()
+    torch.cuda._sleep(2_000_000)
+    end.record()
+    end.synchronize()
+    return 2_000_000 / (start.elapsed_time(end) * 1e3)
+
+
+def test_event_and_graph_timers_agree_on_a_known_kernel():
+    cycles = int(_cycles_per_us() * 200)  # a ~200 us kernel
+    eager, graph = CudaEventTimer(), CudaGraphTimer(ops_per_graph=10)
+    op = _sleep_op(cycles)
+    graph.prepare(op)
+    eager_us = sorted(eager.time_once(op) for _ in range(21))[10]
+    graph_us = sorted(graph.time_once(op) for _ in range(21))[10]
+    assert 150 < eager_us < 300, eager_us
+    assert graph_us == pytest.approx(eager_us, rel=0.15)
+
+
+def test_graph_mode_hides_launch_cost_of_tiny_ops():
+    x = torch.zeros(16, device="cuda")
+    op = lambda: x.add_(1)  # noqa: E731
+    eager, graph = CudaEventTimer(), CudaGraphTimer(ops_per_graph=10)
+    graph.prepare(op)
+    eager_us = sorted(eager.time_once(op) for _ in range(51))[25]
+    graph_us = sorted(graph.time_once(op) for _ in range(51))[25]
+    assert graph_us < eager_us
+
+
+def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    result = subprocess.run(
+        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,symm_mem,symm_mem2,arx,gloo", "--modes", "eager,graph",
+         "--dtypes", "bfloat16,float32", "--min-bytes", "4KiB", "--max-bytes", "4MiB", "--step-factor", "16",
+         "--point-budget-s", "0.05", "--out", str(tmp_path), "--run-id", "gpu", "--no-progress"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = load_run(tmp_path / "gpu")
+    assert run.meta.world_size == GPUS and run.meta.device_type == "cuda" and run.meta.nccl_version
+    frame = run.frame()
+    nccl = frame[frame.backend == "nccl"]
+    assert set(nccl.status) == {"ok"} and set(nccl["mode"]) == {"eager", "graph"}
+    assert not run.meta.backends["gloo"]["available"]  # gloo times CPU tensors, not CUDA ones
+    for name in ("symm_mem", "symm_mem2"):
+        state = run.meta.backends[name]
+        if state["available"]:
+            rows = frame[(frame.backend == name) & (frame.op == "all_reduce")]
+            assert set(rows.status) == {"ok"}, rows[["status", "error"]]
+        else:
+            assert state["reason"]
+    assert (Path(tmp_path) / "gpu" / "plot.png").exists()

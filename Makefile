@@ -29,8 +29,10 @@ test-rdma: venv
 test-vllm:
 	bash scripts/test-vllm.sh
 
-test-gpu: venv
-	$(BIN)/python -m pytest -q -m gpu tests/test_gpu.py
+# The GPU tier uses whichever Python has CUDA torch: this venv's, or the machine's own python3.
+GPU_PYTHON ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
+test-gpu:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q -m gpu tests/test_gpu.py
 
 bench: venv
 	$(BIN)/python benchmarks/dispatch_overhead.py

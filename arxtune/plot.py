@@ -53,6 +53,8 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
     xmin, xmax = ok.nbytes.min() / 1.5, ok.nbytes.max() * 1.5
     fmt = FuncFormatter(lambda v, _: format_bytes(v))
     floor = run.meta.fabric_floor_us
+    # One rank moves nothing over a bus (busbw factor 0): show algorithm bandwidth instead.
+    bw_column, bw_name = ("busbw_gbps", "bus bandwidth") if run.meta.world_size > 1 else ("algbw_gbps", "algorithm bandwidth")
     for row, (op, dtype) in enumerate(panels):
         lat, bw = axes[row]
         data = ok[(ok.op == op) & (ok.dtype == dtype)]
@@ -64,7 +66,7 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
             lat.fill_between(series.nbytes, series.p10_us, series.p90_us, color=colors[backend], alpha=0.2, lw=0)
             unstable = series[series.unstable.astype(bool)]
             lat.scatter(unstable.nbytes, unstable.median_us, marker="x", color="black", s=14, zorder=3)
-            bw.plot(series.nbytes, series.busbw_gbps, style, marker="o", ms=3, color=colors[backend], label=label)
+            bw.plot(series.nbytes, series[bw_column], style, marker="o", ms=3, color=colors[backend], label=label)
         if floor:
             lat.axhline(floor, color="black", ls=":", lw=1, label=f"ib_write_lat 2B ({floor:.1f} us)")
         for ax in (lat, bw):
@@ -76,9 +78,9 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
             ax.set_xlabel("size (bytes)")
         lat.set_yscale("log")
         lat.set_ylabel("latency, median (us)")
-        bw.set_ylabel("bus bandwidth (GB/s)")
+        bw.set_ylabel(f"{bw_name} (GB/s)")
         lat.set_title(f"{op} {dtype}: latency (p10-p90 shaded, x = unstable)", fontsize=9)
-        bw.set_title(f"{op} {dtype}: bus bandwidth", fontsize=9)
+        bw.set_title(f"{op} {dtype}: {bw_name}", fontsize=9)
         lat.legend(fontsize=7, loc="upper left")
     hosts = ", ".join(sorted(set(run.meta.hostnames)))
     fig.suptitle(f"arxtune run {run.meta.run_id} | world {run.meta.world_size} | {hosts} | {run.meta.device_names[0] if run.meta.device_names else ''}", fontsize=10)

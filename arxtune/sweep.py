@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import __version__, backends, distributed
-from .backends import Backend, BackendUnavailable, GroupContext
+from .backends import OPS, Backend, BackendUnavailable, GroupContext
 from .collectives import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, mismatch, size_grid
 from .config import SweepConfig, from_mapping
 from .errors import ArxtuneError
@@ -76,7 +76,8 @@ def open_backends(names: list[str] | tuple[str, ...], ctx: GroupContext) -> tupl
             status[name] = {"available": False, "reason": reasons[0] if len(unique) == 1 and reasons[0] else "; ".join(failed)}
             continue
         ready[name] = backend
-        status[name] = {"available": True, "reason": "", "capturable": bool(getattr(backend, "capturable", False))}
+        status[name] = {"available": True, "reason": "", "capturable": bool(getattr(backend, "capturable", False)),
+                        "ops": list(getattr(backend, "ops", OPS))}
     return ready, status
 
 
@@ -87,7 +88,7 @@ def plan_points(config: SweepConfig, ready: dict[str, Backend], device: torch.de
         for mode in config.modes:
             if mode == "graph" and (device.type != "cuda" or not backend.capturable):
                 continue
-            for op in config.ops:
+            for op in [o for o in config.ops if o in getattr(backend, "ops", OPS)]:
                 for dtype in config.dtypes:
                     points.extend(Point(name, op, dtype, mode, size) for size in sizes)
     return points

@@ -50,6 +50,8 @@ class Backend(Protocol):
     name: ClassVar[str]
     #: Whether ops can be recorded into a CUDA graph and replayed.
     capturable: ClassVar[bool]
+    #: The collectives it implements (optional; all of OPS when absent). Others are not planned.
+    ops: ClassVar[tuple[str, ...]]
 
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
         """Whether this backend can run `op` at this size (bytes as in collectives.py)."""

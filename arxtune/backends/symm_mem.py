@@ -21,11 +21,15 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class _SymmMemAllReduce:
     name: ClassVar[str]
     capturable = True
+    ops = ("all_reduce",)
     kernel: ClassVar[str]
+    min_world: ClassVar[int] = 1
 
     def __init__(self, ctx: GroupContext):
         if ctx.device.type != "cuda":
             raise BackendUnavailable(f"{self.name} needs CUDA tensors; this run uses {ctx.device.type}")
+        if ctx.world_size < self.min_world:
+            raise BackendUnavailable(f"torch's {self.kernel} is not implemented for world size {ctx.world_size}")
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
@@ -65,3 +69,4 @@ class SymmMemOneShot(_SymmMemAllReduce):
 class SymmMemTwoShot(_SymmMemAllReduce):
     name = "symm_mem2"
     kernel = "two_shot_all_reduce_out"
+    min_world = 2

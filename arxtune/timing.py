@@ -94,11 +94,16 @@ class CudaGraphTimer:
         return self.start.elapsed_time(self.end) * 1e3 / self.ops_per_graph
 
 
+#: (device type, mode) -> timer; graph mode exists only for CUDA tensors.
+TIMERS: dict[tuple[str, str], type] = {
+    ("cpu", "eager"): WallTimer,
+    ("cuda", "eager"): CudaEventTimer,
+    ("cuda", "graph"): CudaGraphTimer,
+}
+
+
 def make_timer(device: torch.device, mode: str) -> Timer:
-    if mode == "eager":
-        return CudaEventTimer() if device.type == "cuda" else WallTimer()
-    if mode == "graph":
-        if device.type != "cuda":
-            raise ValueError("graph mode needs CUDA tensors")
-        return CudaGraphTimer()
-    raise ValueError(f"unknown timing mode {mode!r}; use eager or graph")
+    try:
+        return TIMERS[(device.type, mode)]()
+    except KeyError:
+        raise ValueError(f"no {mode!r} timer for {device.type} tensors; known: {sorted(TIMERS)}") from None

@@ -56,6 +56,16 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def agreed_reason(reasons: list[str]) -> str:
+    """One reason for all ranks: said once when every rank gives the same, else per rank."""
+    failed = [(rank, why) for rank, why in enumerate(reasons) if why]
+    if not failed:
+        return ""
+    if len(failed) == len(reasons) and len({why for _, why in failed}) == 1:
+        return failed[0][1]
+    return "; ".join(f"rank {rank}: {why}" for rank, why in failed)
+
+
 def open_backends(names: list[str] | tuple[str, ...], ctx: GroupContext) -> tuple[dict[str, Backend], dict[str, dict]]:
     """Create each named backend; one that fails on any rank is closed everywhere and its reason kept."""
     ready, status = {}, {}
@@ -66,14 +76,14 @@ def open_backends(names: list[str] | tuple[str, ...], ctx: GroupContext) -> tupl
         except BackendUnavailable as exc:
             reason = exc.reason
         except KeyError:
-            reason = f"{name} is not a registered backend"
-        reasons = distributed.gather_objects(reason, ctx.cpu_group)
-        failed = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why]
-        if failed:
+            reason = f"not a registered arxtune backend ({', '.join(backends.names())})"
+        except Exception as exc:  # a backend's own bug is reported like any other reason, never a crash
+            reason = f"{type(exc).__name__}: {exc}"
+        reason = agreed_reason(distributed.gather_objects(reason, ctx.cpu_group))
+        if reason:
             if backend is not None:
                 backend.close()
-            unique = {why for why in reasons if why}
-            status[name] = {"available": False, "reason": reasons[0] if len(unique) == 1 and reasons[0] else "; ".join(failed)}
+            status[name] = {"available": False, "reason": reason}
             continue
         ready[name] = backend
         status[name] = {"available": True, "reason": "", "capturable": bool(getattr(backend, "capturable", False)),

@@ -49,6 +49,8 @@ from collections import Counter
 
 import torch
 
+from .backends.base import OPS
+
 log = logging.getLogger("vllm.arxtune")  # a child of vLLM's logger: vLLM's handler and format
 
 ENV_DISABLE = "ARXTUNE_VLLM_DISABLE"
@@ -134,15 +136,15 @@ class Routes:
     """The per-group decision: which backend takes (op, dtype, bytes), or None for vLLM's path."""
 
     def __init__(self, lookup, backends: dict, cuda: bool):
-        self.lookup = lookup
+        self.lookup = lookup  # resolves straight to backend objects (None: vLLM's path)
         self.backends = backends
         self.cuda = cuda
         self.calls: Counter = Counter()  # (op, backend name or "vllm") -> calls
         self.log_calls = _log_calls
 
     def pick(self, op: str, tensor, nbytes: int):
-        backend = self.backends.get(self.lookup.choose(op, tensor.dtype, nbytes))
-        if backend is not None and not backend.supports(op, tensor.dtype, nbytes):
+        backend = self.lookup.choose(op, tensor.dtype, nbytes)
+        if backend is not None and (op not in getattr(backend, "ops", OPS) or not backend.supports(op, tensor.dtype, nbytes)):
             backend = None
         if backend is not None and self.cuda and not backend.capturable:
             if torch.cuda.is_current_stream_capturing():
@@ -207,7 +209,7 @@ class ArxtuneRouting:
         return out.view(input_.shape[0] // self.world_size, *input_.shape[1:])
 
     def all_reduce(self, input_):
-        backend = self._arxtune_pick("all_reduce", input_, input_.numel() * input_.element_size())
+        backend = self._arxtune_pick("all_reduce", input_, input_.nbytes)
         if backend is None:
             return super().all_reduce(input_)
         flat = input_.contiguous().view(-1)
@@ -216,7 +218,7 @@ class ArxtuneRouting:
         return out.view(input_.shape)
 
     def all_gather(self, input_, dim: int = -1):
-        nbytes = input_.numel() * input_.element_size() * self.world_size
+        nbytes = input_.nbytes * self.world_size
         backend = self._arxtune_pick("all_gather", input_, nbytes, eligible=input_.dim() > 0)
         if backend is None:
             return super().all_gather(input_, dim)
@@ -232,14 +234,14 @@ class ArxtuneRouting:
     def reduce_scatter(self, input_, dim: int = -1):
         dim = dim + input_.dim() if dim < 0 else dim
         eligible = input_.dim() > 0 and dim == 0 and input_.shape[0] % self.world_size == 0
-        backend = self._arxtune_pick("reduce_scatter", input_, input_.numel() * input_.element_size(), eligible)
+        backend = self._arxtune_pick("reduce_scatter", input_, input_.nbytes, eligible)
         if backend is None:
             return super().reduce_scatter(input_, dim)
         return self._arxtune_reduce_scatter(backend, input_)
 
     def custom_all_gather(self, input_):
         """Sequence-parallel gather along dim 0; None hands the call back to vLLM's caller."""
-        nbytes = input_.numel() * input_.element_size() * self.world_size
+        nbytes = input_.nbytes * self.world_size
         backend = self._arxtune_pick("all_gather", input_, nbytes, eligible=input_.dim() > 0)
         if backend is not None:
             return self._arxtune_gather(backend, input_)
@@ -249,7 +251,7 @@ class ArxtuneRouting:
     def custom_reduce_scatter(self, input_):
         """Sequence-parallel reduce-scatter along dim 0; None hands the call back to vLLM's caller."""
         eligible = input_.dim() > 0 and input_.shape[0] % self.world_size == 0
-        backend = self._arxtune_pick("reduce_scatter", input_, input_.numel() * input_.element_size(), eligible)
+        backend = self._arxtune_pick("reduce_scatter", input_, input_.nbytes, eligible)
         if backend is not None:
             return self._arxtune_reduce_scatter(backend, input_)
         inner = getattr(super(), "custom_reduce_scatter", None)
@@ -331,18 +333,9 @@ def read_thresholds(world_size: int, model_dtype=None):
     return thresholds, path, ""
 
 
-def _agreed_reason(answers: list[str]) -> str:
-    failed = [(rank, why) for rank, why in enumerate(answers) if why]
-    if not failed:
-        return ""
-    if len({why for _, why in failed}) == 1 and len(failed) == len(answers):
-        return failed[0][1]
-    return "; ".join(f"rank {rank}: {why}" for rank, why in failed)
-
-
 def _open_routes(comm) -> Routes | None:
-    from . import backends as registry
-    from .backends import BackendUnavailable, GroupContext
+    from .backends import GroupContext
+    from .sweep import agreed_reason, open_backends
     from .config import format_bytes
     from .distributed import gather_objects
     from .thresholds import Lookup
@@ -350,7 +343,7 @@ def _open_routes(comm) -> Routes | None:
     world = comm.world_size
     thresholds, path, why = read_thresholds(world, _model_dtype())
     answers = gather_objects((thresholds_fingerprint(thresholds) if thresholds else "", why), comm.cpu_group)
-    why = _agreed_reason([w for _, w in answers])
+    why = agreed_reason([w for _, w in answers])
     if not why and len({fp for fp, _ in answers}) > 1:
         why = "the ranks of this group loaded different thresholds files (give every node the same one)"
     if why:
@@ -365,24 +358,8 @@ def _open_routes(comm) -> Routes | None:
     device = comm.device
     ctx = GroupContext(comm.rank_in_group, world, device.index or 0, device, comm.cpu_group,
                        comm.device_group if device.type == "cuda" else None)
-    opened, missing = {}, {}
-    for name in wanted:
-        backend, reason = None, ""
-        try:
-            backend = registry.create(name, ctx)
-        except BackendUnavailable as exc:
-            reason = exc.reason
-        except KeyError:
-            reason = f"not a registered arxtune backend ({', '.join(registry.names())})"
-        except Exception as exc:  # a backend's bug must not stop vLLM; it is reported below
-            reason = f"{type(exc).__name__}: {exc}"
-        reason = _agreed_reason(gather_objects(reason, comm.cpu_group))
-        if reason:
-            if backend is not None:
-                backend.close()
-            missing[name] = reason
-        else:
-            opened[name] = backend
+    opened, status = open_backends(wanted, ctx)
+    missing = {name: state["reason"] for name, state in status.items() if not state["available"]}
     if missing:
         _say(comm, logging.WARNING, "; ".join(f"{n} cannot start ({r})" for n, r in missing.items()) +
              ("; those ranges use vLLM's path" if opened else ""), everything_to_vllm=not opened)
@@ -395,4 +372,4 @@ def _open_routes(comm) -> Routes | None:
     run = thresholds.provenance.get("run_id")
     _say(comm, logging.INFO, f"takes {'; '.join(taken)}; everything else goes to vLLM's {_base_name(comm)} "
          f"(thresholds {path}{f', run {run}' if run else ''})")
-    return Routes(Lookup(thresholds, world), opened, device.type == "cuda")
+    return Routes(Lookup(thresholds, world, resolve=opened.get), opened, device.type == "cuda")

@@ -77,5 +77,5 @@ def test_communicator_picks_per_call(tmp_path):
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count("communicator ok") == world, result.stdout
         assert "using gloo for every call: thresholds are for world size [7]" in result.stderr
-        assert "no thresholds file" in result.stderr
+        assert "missing.json not found" in result.stderr
         assert "arx cannot start" in result.stderr

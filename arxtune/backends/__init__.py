@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "arx2": "arxtune.backends.arx:ArxTwoShot",
     "symm_mem": "arxtune.backends.symm_mem:SymmMemOneShot",
     "symm_mem2": "arxtune.backends.symm_mem:SymmMemTwoShot",
+    "vllm_cpu": "arxtune.backends.vllm_cpu:VllmCpuBackend",
 }
 
 

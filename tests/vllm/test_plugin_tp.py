@@ -1,0 +1,170 @@
+"""Two CPU processes through vLLM's own start-up with tp=2: routing by thresholds, and fallbacks.
+
+One two-rank run (module fixture) serves every test here: the TP group's
+communicator loads thresholds from the default location (HOME is a temp
+dir), then the worker builds more communicators on the same group with other
+thresholds files to show each fallback. The routed backend comes from
+ARXTUNE_VLLM_TEST_BACKEND (default gloo; arx in the soft-RoCE guest).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from arxtune.thresholds import Range, Table, Thresholds
+
+from vllm_tier import TEST_BACKEND, run_tp, vllm_env
+
+KiB = 1024
+VLLM = "vllm_cpu"  # the baseline: ranges naming it stay on vLLM's own path
+
+# case -> which path must take it (B = the routed arxtune backend, "vllm" = vLLM's code)
+B = TEST_BACKEND
+EXPECTED = {
+    "ar_256B": "all_reduce:vllm",
+    "ar_1KiB_lower_bound": f"all_reduce:{B}",  # lower bounds are inclusive
+    "ar_2KiB": f"all_reduce:{B}",
+    "ar_16KiB_upper_bound": "all_reduce:vllm",  # upper bounds are exclusive
+    "ar_32KiB": "all_reduce:vllm",
+    "ar_bf16_128B": f"all_reduce:{B}",
+    "ar_int32_no_table": "all_reduce:vllm",
+    "ag_dim0_256B": "all_gather:vllm",
+    "ag_dim0_8KiB": f"all_gather:{B}",  # all_gather is sized by the gathered bytes
+    "ag_dim1_8KiB": f"all_gather:{B}",
+    "ag_dim-1_3d_8KiB": f"all_gather:{B}",
+    "ag_dim1_3d_8KiB": f"all_gather:{B}",
+    "rs_dim0_512B": f"reduce_scatter:{B}",
+    "rs_dim1_512B": "reduce_scatter:vllm",  # only dim-0 reduce-scatters are routed
+    "rs_dim0_16KiB": "reduce_scatter:vllm",
+    "sp_ag_8KiB": f"all_gather:{B}",
+    "sp_ag_256B": "all_gather:vllm",
+    "sp_rs_512B": f"reduce_scatter:{B}",
+}
+
+
+def routing_thresholds(backend: str, world: int = 2) -> Thresholds:
+    """vLLM's path everywhere except a few ranges that `backend` takes."""
+    return Thresholds(baseline=VLLM, margin=0.05, provenance={"run_id": "tests-vllm-routing"}, tables=(
+        Table("all_reduce", "float32", world, (Range(0, KiB, VLLM), Range(KiB, 16 * KiB, backend), Range(16 * KiB, None, VLLM))),
+        Table("all_reduce", "bfloat16", world, (Range(0, None, backend),)),
+        Table("all_gather", "float32", world, (Range(0, 4 * KiB, VLLM), Range(4 * KiB, None, backend))),
+        Table("reduce_scatter", "float32", world, (Range(0, 4 * KiB, backend), Range(4 * KiB, None, VLLM))),
+    ))
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tp")
+    home = tmp / "home"
+    good = routing_thresholds(B)
+    # The default location, as `arxtune calibrate RUN --install` writes it (HOME is redirected below).
+    good.save(home / ".config" / "arxtune" / "thresholds.json")
+    files = {"good": good.save(tmp / "good.json"),
+             "world4": routing_thresholds(B, world=4).save(tmp / "world4.json"),
+             "nosuch_backend": routing_thresholds("nosuch").save(tmp / "nosuch.json")}
+    (tmp / "not-json.json").write_text("{ this is not json\n")
+    files["not_json"] = tmp / "not-json.json"
+    future = good.to_dict() | {"version": 99}
+    (tmp / "version99.json").write_text(json.dumps(future))
+    files["version99"] = tmp / "version99.json"
+    missing = str(tmp / "missing.json")
+    spec = {"fallbacks": {
+        "nofile": missing,
+        "notjson": str(files["not_json"]),
+        "version99": str(files["version99"]),
+        "world4": str(files["world4"]),
+        "nosuch": str(files["nosuch_backend"]),
+        "onlyrank0": [str(files["good"]), missing],
+        "good": str(files["good"]),
+    }}
+    env = vllm_env(HOME=str(home), ARXTUNE_VLLM_LOG="calls")
+    return run_tp(tmp, spec, env)
+
+
+def test_the_plugin_is_the_tp_communicator(tp_run):
+    for rank in tp_run:
+        assert rank["communicator"] == "ArxtuneCpuCommunicator"
+        assert rank["is_cpu_communicator"], "the wrapper must subclass the platform's communicator"
+
+
+def test_startup_says_which_ranges_it_takes(tp_run):
+    rank0, rank1 = tp_run
+    infos = [msg for level, msg in rank0["startup_log"] if level == "INFO" and "bytes ->" not in msg]
+    assert len(infos) == 1, rank0["startup_log"]
+    line = infos[0]
+    assert line.startswith("arxtune: tp:0 (world 2): takes ")
+    assert f"all_reduce/float32 [1KiB, 16KiB) -> {B}" in line
+    assert f"all_gather/float32 [4KiB, inf) -> {B}" in line
+    assert "everything else goes to vLLM's CpuCommunicator" in line
+    assert ".config/arxtune/thresholds.json" in line  # found at the default location
+    assert not [m for lvl, m in rank0["startup_log"] if lvl == "WARNING"]
+    assert not [m for lvl, m in rank1["startup_log"] if lvl == "INFO"], "one line per group, from its rank 0"
+    assert "arxtune: tp:0 (world 2): takes" in rank0["output"], "the line goes through vLLM's log handler"
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_calls_go_where_the_thresholds_say_with_exact_results(tp_run, case):
+    for rank in tp_run:
+        record = rank["cases"][case]
+        assert record["went"] == EXPECTED[case], f"rank {rank['rank']}: {record}"
+        assert record["ok"], f"rank {rank['rank']}: {record}"
+
+
+def test_every_case_was_run():
+    from tp_worker import CASES
+
+    assert set(CASES) == set(EXPECTED)
+
+
+def test_calls_log_names_each_call(tp_run):
+    output = tp_run[0]["output"]
+    assert f"arxtune: all_reduce torch.float32 2048 bytes -> {B}" in output
+    assert "arxtune: all_reduce torch.float32 256 bytes -> vllm" in output
+
+
+def fallback(tp_run, label):
+    rank0, rank1 = (rank["fallbacks"][label] for rank in tp_run)
+    for record in (rank0, rank1):
+        assert not record["routes"] and record["ok"] and record["went"] == "nothing", record
+    warnings = [msg for level, msg in rank0["log"] if level == "WARNING"]
+    assert len(warnings) == 1, rank0["log"]
+    assert warnings[0].endswith("every call uses vLLM's CpuCommunicator")
+    assert not rank1["log"]
+    return warnings[0]
+
+
+def test_no_file_falls_back_with_a_warning(tp_run):
+    assert "no thresholds file at" in fallback(tp_run, "nofile")
+
+
+def test_bad_json_falls_back_with_a_warning(tp_run):
+    assert "not valid JSON" in fallback(tp_run, "notjson")
+
+
+def test_unknown_version_falls_back_with_a_warning(tp_run):
+    assert "version 99 is not supported" in fallback(tp_run, "version99")
+
+
+def test_wrong_world_size_falls_back_with_a_warning(tp_run):
+    assert "tables for world sizes [4], not 2" in fallback(tp_run, "world4")
+
+
+def test_backend_that_cannot_start_falls_back_with_a_warning(tp_run):
+    assert "nosuch cannot start (not a registered arxtune backend" in fallback(tp_run, "nosuch")
+
+
+def test_ranks_that_disagree_fall_back_together(tp_run):
+    assert "rank 1: no thresholds file" in fallback(tp_run, "onlyrank0")
+
+
+def test_a_good_file_routes_on_a_second_communicator(tp_run):
+    for rank in tp_run:
+        record = rank["fallbacks"]["good"]
+        assert record["routes"] and record["ok"] and record["went"] == f"all_reduce:{B}", record
+
+
+def test_two_rank_run_timing(tp_run):
+    """Not a check: the stage times land in the report (pytest -rP shows them)."""
+    print(json.dumps({f"rank{r['rank']}": r["seconds"] for r in tp_run}))

@@ -20,6 +20,9 @@ REGISTRY: dict[str, str] = {
     "symm_mem": "arxtune.backends.symm_mem:SymmMemOneShot",
     "symm_mem2": "arxtune.backends.symm_mem:SymmMemTwoShot",
     "vllm_cpu": "arxtune.backends.vllm_cpu:VllmCpuBackend",
+    "vllm_pynccl": "arxtune.backends.vllm_cuda:VllmPyNccl",
+    "vllm_custom_ar": "arxtune.backends.vllm_cuda:VllmCustomAllreduce",
+    "vllm_symm_mem": "arxtune.backends.vllm_cuda:VllmSymmMem",
 }
 
 

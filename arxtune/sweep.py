@@ -22,7 +22,7 @@ import torch.distributed as dist
 from . import __version__, backends, distributed
 from .backends import OPS, Backend, BackendUnavailable, GroupContext
 from .collectives import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, mismatch, size_grid
-from .config import SweepConfig, from_mapping
+from .config import SweepConfig, format_bytes, from_mapping
 from .errors import ArxtuneError
 from .results import PointRecord, RunMeta, RunWriter
 from .timing import make_timer
@@ -256,7 +256,7 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
             task = bar.add_task("", total=len(points)) if bar else None
             for point in points:
                 if bar:
-                    bar.update(task, description=f"{point.backend} {point.op} {point.dtype} {point.size}B {point.mode}")
+                    bar.update(task, description=f"{point.backend} {point.op} {point.dtype} {format_bytes(point.size)} {point.mode}")
                 record = runner.measure(point, ready[point.backend])
                 if writer:
                     writer.append(record)

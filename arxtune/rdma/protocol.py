@@ -102,7 +102,7 @@ def stripes(nbytes: int, ndev: int, min_bytes: int) -> list[tuple[int, int, int]
     """(device, offset, length) pieces of a write: one device below `min_bytes`,
     else ALIGN-aligned near-equal pieces on every device. Empty pieces are dropped,
     and the receiver waits only for the devices listed here."""
-    if ndev == 1 or nbytes < min_bytes:
+    if ndev == 1 or nbytes < max(min_bytes, 1):
         return [(0, 0, nbytes)]
     units = (nbytes + ALIGN - 1) // ALIGN
     pieces = []

@@ -1,0 +1,33 @@
+"""ib_write_lat as the fabric floor: parser (pure) and a real run (device)."""
+
+from __future__ import annotations
+
+import pytest
+
+from arxtune.rdma.errors import RdmaError
+from arxtune.rdma.floor import measure_write_latency_us, parse_write_lat
+
+SAMPLE = """
+                    RDMA_Write Latency Test
+ Dual-port       : OFF          Device         : rxe0
+---------------------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] 
+ 2       1000          17.03          210.35       24.61               27.33          9.21            70.12                  210.35  
+---------------------------------------------------------------------------------------
+"""
+
+
+def test_parse_write_lat_takes_t_typical():
+    assert parse_write_lat(SAMPLE) == 24.61
+
+
+def test_parse_write_lat_without_a_row_is_a_clear_error():
+    with pytest.raises(RdmaError, match="t_typical row"):
+        parse_write_lat("Couldn't connect to 127.0.0.1:18515")
+
+
+@pytest.mark.rdma
+def test_measure_write_latency_on_the_device():
+    us = measure_write_latency_us(timeout_s=60)
+    print(f"ib_write_lat 2 B typical: {us} us")
+    assert 0 < us < 10_000

@@ -43,7 +43,8 @@ class Collectives:
         self.chunk_bytes = chunk_bytes or self.L.slot_bytes
         self.step = 0
         self._views: dict[tuple, torch.Tensor] = {}
-        self._result: torch.Tensor | None = None  # pinned scratch for results bound for a GPU
+        self._result: torch.Tensor | None = None  # pinned scratch for two-shot results bound for a GPU
+        self._device_parts: torch.Tensor | None = None  # peers' parts copied to the GPU for the sum
         self._copy_stream = None
         self._copies: deque = deque()  # (step, cuda event) of copies still reading the inbox
 
@@ -70,6 +71,35 @@ class Collectives:
         if self._result is None:
             self._result = torch.empty(self.L.slot_bytes, dtype=torch.uint8, pin_memory=True)
         return self._result[:nbytes].view(out.dtype)
+
+    def _reduce_into(self, k: int, out: torch.Tensor, parts: list[torch.Tensor], own: torch.Tensor) -> None:
+        """Fixed-order sum of every rank's part into `out`.
+
+        CPU `out`: summed straight from the registered buffer. CUDA `out`: the
+        peers' parts are copied to the GPU and summed there, with this rank's
+        part read from its own device input; summing pinned slots on the CPU and
+        copying the result over cost ~3x more from 256 KiB up on an H200
+        (benchmarks/arx_staging.py). The copies read the inbox, so step k's slot
+        is not reused until they finish (see _retire_copies).
+        """
+        if not out.is_cuda:
+            self._sum_in_order(out, parts)
+            return
+        nbytes = out.numel() * out.element_size()
+        if self._device_parts is None or self._device_parts.device != out.device:
+            self._device_parts = torch.empty(self.world, self.L.slot_bytes, dtype=torch.uint8, device=out.device)
+        on_gpu = []
+        for r, part in enumerate(parts):
+            if r == self.rank:
+                on_gpu.append(own)
+                continue
+            dst = self._device_parts[r, :nbytes].view(out.dtype)
+            dst.copy_(part, non_blocking=True)
+            on_gpu.append(dst)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._copies.append((k, ev))
+        self._sum_in_order(out, on_gpu)
 
     def _sum_in_order(self, target: torch.Tensor, parts: list[torch.Tensor]) -> None:
         torch.add(parts[0], parts[1], out=target) if len(parts) > 1 else target.copy_(parts[0])
@@ -120,10 +150,7 @@ class Collectives:
             if r != self.rank:
                 self.t.wait(k, r, nb, op)
             parts.append(stage if r == self.rank else self._view(self.L.inbox(k, r), nb, inp.dtype))
-        target = self._host_target(out, nb)
-        self._sum_in_order(target, parts)
-        if target is not out:
-            out.copy_(target)
+        self._reduce_into(k, out, parts, own=inp)
 
     def all_reduce_two_shot(self, inp: torch.Tensor, out: torch.Tensor) -> None:
         """Reduce-scatter (rank r sums piece r), then all-gather the pieces. Two steps."""
@@ -181,10 +208,7 @@ class Collectives:
                 parts.append(self._view(self.L.inbox(k, r), pb, inp.dtype))
             else:
                 parts.append(self._view(self.L.staging(k) + offs[r], pb, inp.dtype))
-        target = self._host_target(out, pb)
-        self._sum_in_order(target, parts)
-        if target is not out:
-            out.copy_(target)
+        self._reduce_into(k, out, parts, own=inp[self.rank * n:(self.rank + 1) * n])
 
     def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
         """Chunked: one step per chunk of at most `chunk_bytes` per rank, copied out of the

@@ -8,6 +8,7 @@ keep the slowest rank's time per iteration.
 
 from __future__ import annotations
 
+import logging
 import platform
 import shlex
 import sys
@@ -28,6 +29,7 @@ from .results import PointRecord, RunMeta, RunWriter
 from .timing import make_timer
 
 ESTIMATE_CALLS = 3
+log = logging.getLogger("arxtune")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,24 @@ def open_backends(names: list[str] | tuple[str, ...], ctx: GroupContext) -> tupl
         status[name] = {"available": True, "reason": "", "capturable": bool(getattr(backend, "capturable", False)),
                         "ops": list(getattr(backend, "ops", OPS))}
     return ready, status
+
+
+def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
+    """ib_write_lat's 2-byte latency on arx's device, the floor every RDMA backend is plotted against.
+
+    Only where an arx backend runs; None (and the sweep goes on) when perftest cannot measure it.
+    """
+    arx = next((ready[name] for name in ("arx", "arx2") if name in ready), None)
+    if arx is None:
+        return None
+    from .rdma.floor import measure_write_latency_us
+
+    devices = getattr(arx.cfg, "devices", None)
+    try:
+        return measure_write_latency_us(devices[0] if devices else None, timeout_s=60)
+    except ArxtuneError as exc:
+        log.warning("arxtune: no fabric floor: %s", exc)
+        return None
 
 
 def plan_points(config: SweepConfig, ready: dict[str, Backend], device: torch.device) -> list[Point]:
@@ -246,6 +266,7 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
     hosts = distributed.gather_objects(distributed.describe_host(ctx), ctx.cpu_group)
     try:
         if writer:
+            writer.meta.fabric_floor_us = fabric_floor_us(ready)
             writer.meta.backends = status
             writer.meta.hostnames = [h["hostname"] for h in hosts]
             writer.meta.device_names = [h["device"] for h in hosts]

@@ -67,12 +67,15 @@ class Communicator:
 
         self.ctx = ctx
         loaded, why = _read(thresholds)
-        self.baseline_name = baseline or (loaded.baseline if loaded else default_baseline(ctx.device))
         self.thresholds = loaded
         if loaded and ctx.world_size not in loaded.world_sizes:
             why = f"thresholds are for world size {sorted(loaded.world_sizes)}, this group has {ctx.world_size}"
-        wanted = sorted((loaded.backends if not why else set()) | {self.baseline_name})
+        # The file's baseline where it can run here, else this device's torch.distributed backend.
+        fallback = default_baseline(ctx.device)
+        preferred = baseline or (loaded.baseline if loaded else fallback)
+        wanted = sorted((loaded.backends if not why else set()) | {preferred, fallback})
         opened, status = open_backends(wanted, ctx)
+        self.baseline_name = preferred if preferred in opened else fallback
         if self.baseline_name not in opened:
             raise ArxtuneError(f"baseline backend {self.baseline_name} cannot run: {status[self.baseline_name]['reason']}")
         self.baseline: Backend = opened[self.baseline_name]

@@ -39,9 +39,11 @@ for op, n, counted in cases:
     assert sum(CountingGloo.calls.values()) - before == counted, (op, n, CountingGloo.calls)
 print(comm.summary(), file=sys.stderr)
 
-# Wrong world size and a missing file: one warning each, then the baseline for every call.
+# Wrong world size, a missing file, a GPU-calibrated file on CPU tensors: one warning each, then gloo for every call.
 other = Thresholds("gloo", 0.05, {}, (table("all_reduce", 7, [Range(0, None, "counting")]),))
-for fallback in (Communicator.from_env(other), Communicator.from_env(tmp / "missing.json")):
+from_gpu = Thresholds("nccl", 0.05, {}, (table("all_reduce", world, [Range(0, 4096, "nccl"), Range(4096, None, "arx")]),))
+for fallback in (Communicator.from_env(other), Communicator.from_env(tmp / "missing.json"), Communicator.from_env(from_gpu)):
+    assert fallback.baseline_name == "gloo"
     before = sum(CountingGloo.calls.values())
     out = fallback.all_reduce(torch.ones(16))
     assert torch.equal(out, torch.full((16,), float(world))) and sum(CountingGloo.calls.values()) == before

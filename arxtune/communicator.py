@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import backends
 from .backends import Backend, GroupContext
 from .collectives import OP_SPECS
 from .errors import ArxtuneError

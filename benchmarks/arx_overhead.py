@@ -74,7 +74,7 @@ def profile_breakdown(prof: cProfile.Profile, calls: int) -> list[str]:
             torch_ops += tottime
     per = 1e6 / calls
     return [
-        f"profile per one-shot call (profiling inflates Python time):",
+        "profile per one-shot call (profiling inflates Python time):",
         f"  arxtune Python, excluding spin-waits: {own * per:8.1f} us   <- the software overhead",
         f"  spin-waiting for peer flags / CQ:     {waits * per:8.1f} us",
         f"  torch ops (staging copy, local sum):  {torch_ops * per:8.1f} us",

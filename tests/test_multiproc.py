@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arxtune.calibrate import calibrate
-from arxtune.results import META_FILE, POINTS_FILE, load_run
+from arxtune.results import POINTS_FILE, load_run
 from arxtune.thresholds import load
 
 pytestmark = pytest.mark.multiproc

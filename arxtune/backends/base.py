@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
-import torch.distributed as dist
 
 
 class BackendUnavailable(Exception):

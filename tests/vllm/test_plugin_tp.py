@@ -163,8 +163,3 @@ def test_a_good_file_routes_on_a_second_communicator(tp_run):
     for rank in tp_run:
         record = rank["fallbacks"]["good"]
         assert record["routes"] and record["ok"] and record["went"] == f"all_reduce:{B}", record
-
-
-def test_two_rank_run_timing(tp_run):
-    """Not a check: the stage times land in the report (pytest -rP shows them)."""
-    print(json.dumps({f"rank{r['rank']}": r["seconds"] for r in tp_run}))

@@ -14,6 +14,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 #: The arxtune backend the routing test sends its ranges to (arx in the soft-RoCE guest).
 TEST_BACKEND = os.environ.get("ARXTUNE_VLLM_TEST_BACKEND", "gloo")
+#: Seconds the two-rank run may take; the soft-RoCE guest (software CPU) needs far longer.
+RUN_TIMEOUT_S = float(os.environ.get("ARXTUNE_VLLM_TEST_TIMEOUT", "240"))
 
 
 def vllm_env(**extra: str | None) -> dict[str, str]:
@@ -36,7 +38,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_tp(tmp_path: Path, spec: dict, env: dict[str, str], world: int = 2, timeout: float = 240) -> list[dict]:
+def run_tp(tmp_path: Path, spec: dict, env: dict[str, str], world: int = 2, timeout: float = RUN_TIMEOUT_S) -> list[dict]:
     """Start `world` tp_worker.py ranks, wait, return each rank's result (stderr kept in tmp_path)."""
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))

@@ -18,12 +18,9 @@ export PYTHONPATH=$PWD/.cache/pyverbs-path${PYTHONPATH:+:$PYTHONPATH}
 export ARXTUNE_REQUIRE_RDMA=1
 rm -f "$JUNIT"
 
-# torchrun --standalone and gloo resolve the guest's hostname; make sure it resolves.
-HOSTS_FIX='grep -qw "$(hostname)" /etc/hosts 2>/dev/null || echo "${ARXTUNE_LAB_NODE_IP:-127.0.1.1} $(hostname)" >>/etc/hosts'
-
 rc=0
 echo "test-rdma: [1/2] one guest: pytest tests/rdma"
-bash "$LAB" run -- bash -c "$HOSTS_FIX"'; exec "$0" -m pytest -q -rfEs --durations=8 -p no:cacheprovider tests/rdma --junitxml="$1"' \
+bash "$LAB" run -- bash -c 'exec "$0" -m pytest -q -rfEs --durations=8 -p no:cacheprovider tests/rdma --junitxml="$1"' \
     "$PY" "$JUNIT" || rc=1
 if [[ ! -s "$JUNIT" ]]; then
     echo "test-rdma: no test report ($JUNIT): the guest run did not get to pytest" >&2; rc=1
@@ -39,7 +36,7 @@ fi
 
 echo "test-rdma: [2/2] two guests: torchrun --nnodes 2 (arx, arx2 across two kernels, two rails)"
 # gloo must bind the NIC that carries this node's address, not whatever the hostname resolves to.
-bash "$LAB" run2 -- bash -c "$HOSTS_FIX"'
+bash "$LAB" run2 -- bash -c '
     export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" "index(\$4, ip \"/\") == 1 {print \$2; exit}")
     exec "$0" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank "$NODE_RANK" \
         --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" tests/rdma/mp_check.py' "$PY" || rc=1

@@ -3,7 +3,7 @@
 #
 # The tier fails, never skips, when vLLM is missing (ARXTUNE_REQUIRE_VLLM=1).
 # Extra arguments go to pytest, e.g. scripts/test-vllm.sh -k fallback -x.
-# ARXTUNE_VLLM_TEST_BACKEND=arx runs the routing test against arx instead of gloo.
+# Then the routing test runs again inside the soft-RoCE guest with arx as the routed backend.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,8 +14,20 @@ echo "test-vllm: venv $VENV ready after ${venv_s} s"
 
 cd "$ROOT"
 set +e
+echo "test-vllm: [1/2] tests/vllm, routed backend gloo"
 ARXTUNE_REQUIRE_VLLM=1 "$VENV/bin/python" -m pytest tests/vllm -p no:cacheprovider -ra "$@"
 code=$?
+tier_s=$(( $(date +%s) - start - venv_s ))
+
+# The same two-process vLLM run with arx taking the routed ranges, over real
+# soft-RoCE devices in the lab guest (software CPU: vLLM's start-up takes minutes).
+echo "test-vllm: [2/2] the two-rank vLLM run routed to arx, inside the soft-RoCE guest"
+guest_start=$(date +%s)
+bash scripts/rdma_lab/lab.sh setup || code=1
+mkdir -p .cache/pyverbs-path && ln -sfn /usr/lib/python3/dist-packages/pyverbs .cache/pyverbs-path/pyverbs
+PYTHONPATH="$ROOT/.cache/pyverbs-path" ARXTUNE_VLLM_TEST_BACKEND=arx ARXTUNE_REQUIRE_VLLM=1 ARXTUNE_VLLM_TEST_TIMEOUT=1800 \
+    bash scripts/rdma_lab/lab.sh run --timeout 2400 -- \
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs tests/vllm/test_plugin_tp.py || code=1
 set -e
-echo "test-vllm: venv ${venv_s} s, tier $(( $(date +%s) - start - venv_s )) s, exit $code"
+echo "test-vllm: venv ${venv_s} s, tier ${tier_s} s, guest leg $(( $(date +%s) - guest_start )) s, exit $code"
 exit $code

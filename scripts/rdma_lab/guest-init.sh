@@ -47,6 +47,8 @@ mount -t tmpfs tmpfs /run
 # shellcheck source=/dev/null
 source "$LAB/env.sh" || fail "cannot read $LAB/env.sh"
 hostname "lab-node${LAB_RANK:-0}" 2>/dev/null
+# No DNS here: torchrun and gloo resolve this hostname, so it names the node's lab address.
+echo "${LAB_NODE_IP:-127.0.1.1} lab-node${LAB_RANK:-0}" >>/etc/hosts
 
 # The host has no /lib/modules for the guest kernel: bind the unpacked one.
 mkdir -p "/lib/modules/$LAB_KV" || fail "cannot create /lib/modules/$LAB_KV"

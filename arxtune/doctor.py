@@ -6,6 +6,7 @@ process group is needed, so backends that need torchrun are reported as such.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 
 import torch
@@ -88,6 +89,12 @@ def _backend_rows(cfg: RdmaConfig) -> list[tuple[str, str]]:
     }
     arx = arx_reason(cfg)
     reasons["arx"] = reasons["arx2"] = arx
+    no_cuda = None if torch.cuda.is_available() else "needs CUDA tensors; no CUDA GPU"
+    reasons["symm_mem"] = reasons["symm_mem2"] = no_cuda
+    no_vllm = None if importlib.util.find_spec("vllm") else "vllm is not installed (pip install 'arxtune[vllm]')"
+    reasons["vllm_cpu"] = no_vllm
+    for name in ("vllm_pynccl", "vllm_custom_ar", "vllm_symm_mem"):
+        reasons[name] = no_vllm or no_cuda
     rows = []
     for name in names():
         if name not in reasons:

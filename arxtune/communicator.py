@@ -47,17 +47,28 @@ def context_from_torch(device: torch.device | None = None, group=None, options: 
                         None if device.type == "cpu" else group, options or {})
 
 
-def _read(source: str | Path | Thresholds | None) -> tuple[Thresholds | None, str]:
-    """(thresholds, why not) without raising: a bad file is a reason, not a crash."""
+def read_thresholds(world_size: int, source: str | Path | Thresholds | None = None) -> tuple[Thresholds | None, Path | None, str]:
+    """(thresholds, path, why not) for a group of `world_size`, without raising.
+
+    A missing, malformed or unknown-version file, or one with no table for
+    this world size, is a reason (the caller warns once and uses its baseline).
+    `source` defaults to default_thresholds_path().
+    """
     if isinstance(source, Thresholds):
-        return source, ""
-    path = source or default_thresholds_path()
-    if not source and not Path(path).is_file():
-        return None, f"no thresholds file at {path} (set {ENV_THRESHOLDS})"
-    try:
-        return load(path), ""
-    except ArxtuneError as exc:
-        return None, str(exc)
+        thresholds, path, where = source, None, "the Thresholds given"
+    else:
+        path = Path(source) if source else default_thresholds_path()
+        if not source and not path.is_file():
+            return None, path, (f"no thresholds file at {path} (set {ENV_THRESHOLDS}, or write one with "
+                                "`arxtune calibrate RUN --install`)")
+        try:
+            thresholds = load(path)
+        except ArxtuneError as exc:
+            return None, path, str(exc)
+        where = str(path)
+    if world_size not in thresholds.world_sizes:
+        return thresholds, path, f"{where} holds tables for world sizes {sorted(thresholds.world_sizes)}, not {world_size}"
+    return thresholds, path, ""
 
 
 class Communicator:
@@ -65,10 +76,8 @@ class Communicator:
         from .sweep import default_baseline, open_backends
 
         self.ctx = ctx
-        loaded, why = _read(thresholds)
+        loaded, _, why = read_thresholds(ctx.world_size, thresholds)
         self.thresholds = loaded
-        if loaded and ctx.world_size not in loaded.world_sizes:
-            why = f"thresholds are for world size {sorted(loaded.world_sizes)}, this group has {ctx.world_size}"
         # The file's baseline where it can run here, else this device's torch.distributed backend.
         fallback = default_baseline(ctx.device)
         preferred = baseline or (loaded.baseline if loaded else fallback)

@@ -309,20 +309,11 @@ def _model_dtype():
 def read_thresholds(world_size: int, model_dtype=None):
     """(thresholds, path, why not): the file for this group, or the reason it cannot be used."""
     from .collectives import dtype_name
-    from .communicator import ENV_THRESHOLDS, default_thresholds_path
-    from .errors import ArxtuneError
-    from .thresholds import Lookup, load
+    from .communicator import read_thresholds as read_for_group
 
-    path = default_thresholds_path()
-    if not path.is_file():
-        return None, path, (f"no thresholds file at {path} (set {ENV_THRESHOLDS}, or write one with "
-                            "`arxtune calibrate RUN --install`)")
-    try:
-        thresholds = load(path)
-    except ArxtuneError as exc:
-        return None, path, str(exc)
-    if not Lookup(thresholds, world_size):
-        return None, path, f"{path} has tables for world sizes {sorted(thresholds.world_sizes)}, not {world_size}"
+    thresholds, path, why = read_for_group(world_size)
+    if why:
+        return None, path, why
     covered = sorted({t.dtype for t in thresholds.tables if t.world_size == world_size})
     try:
         wanted = dtype_name(model_dtype) if model_dtype is not None else None

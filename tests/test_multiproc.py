@@ -75,6 +75,6 @@ def test_communicator_picks_per_call(tmp_path):
                                 env=env, capture_output=True, text=True, timeout=240)
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count("communicator ok") == world, result.stdout
-        assert "using gloo for every call: thresholds are for world size [7]" in result.stderr
+        assert f"using gloo for every call: the Thresholds given holds tables for world sizes [7], not {world}" in result.stderr
         assert "missing.json not found" in result.stderr
         assert "arx cannot start" in result.stderr

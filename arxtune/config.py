@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -10,9 +11,14 @@ from pathlib import Path
 from .backends import OPS, names as backend_names
 from .collectives import DTYPES
 from .errors import ArxtuneError
+from .fileio import read_text
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 MODES = ("eager", "graph")
+#: Largest size a sweep may ask for: input and output of a rank must both fit on one device.
+MAX_BYTES_LIMIT = 16 << 30
+#: Most sizes on one grid; a step factor barely above 1 would otherwise ask for millions.
+MAX_GRID_SIZES = 200
 
 
 def parse_bytes(value: int | str) -> int:
@@ -83,14 +89,24 @@ class SweepConfig:
             raise ArxtuneError(f"unknown mode(s) {', '.join(bad_modes)}; known: {', '.join(MODES)}")
         if not (0 < self.min_bytes <= self.max_bytes):
             raise ArxtuneError("min_bytes must be positive and not above max_bytes")
-        if self.step_factor <= 1:
-            raise ArxtuneError("step_factor must be greater than 1")
+        if self.max_bytes > MAX_BYTES_LIMIT:
+            raise ArxtuneError(f"max_bytes {format_bytes(self.max_bytes)} is above {format_bytes(MAX_BYTES_LIMIT)}; no device holds that")
+        if not (math.isfinite(self.step_factor) and self.step_factor > 1):
+            raise ArxtuneError("step_factor must be a number greater than 1, e.g. 2")
+        sizes = math.log(self.max_bytes / self.min_bytes) / math.log(self.step_factor) + 1
+        if sizes > MAX_GRID_SIZES:
+            raise ArxtuneError(f"step_factor {self.step_factor} gives {sizes:.0f} sizes (at most {MAX_GRID_SIZES}); use a larger step_factor")
         if not (1 <= self.min_iters <= self.max_iters):
             raise ArxtuneError("need 1 <= min_iters <= max_iters")
-        if self.point_budget_s <= 0 or self.timeout_s <= 0 or self.warmup_iters < 0:
-            raise ArxtuneError("point_budget_s and timeout_s must be positive, warmup_iters not negative")
+        if not all(math.isfinite(v) and v > 0 for v in (self.point_budget_s, self.timeout_s)) or self.warmup_iters < 0:
+            raise ArxtuneError("point_budget_s and timeout_s must be positive numbers, warmup_iters not negative")
         if not (self.backends and self.ops and self.dtypes and self.modes):
             raise ArxtuneError("backends, ops, dtypes and modes must each name at least one entry")
+        if self.baseline is not None and self.baseline not in backend_names():
+            raise ArxtuneError(f"unknown baseline {self.baseline!r}; known: {', '.join(backend_names())}")
+        bad_options = [k for k, v in self.backend_options.items() if not isinstance(v, dict)]
+        if bad_options:
+            raise ArxtuneError(f"backend_options.{bad_options[0]} must be a table, e.g. {{arx = {{devices = [\"rxe0\"]}}}}")
 
     def with_overrides(self, **overrides) -> "SweepConfig":
         """A copy with the given fields replaced; None means 'keep'."""
@@ -102,32 +118,48 @@ class SweepConfig:
 
 _LIST_FIELDS = {"backends", "ops", "dtypes", "modes"}
 _SIZE_FIELDS = {"min_bytes", "max_bytes"}
+#: field -> (accepted Python types, what to write instead); lists and sizes are handled above these.
+_TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, float), "a number"),
+          "timeout_s": ((int, float), "a number"), "warmup_iters": ((int,), "a whole number"),
+          "min_iters": ((int,), "a whole number"), "max_iters": ((int,), "a whole number"),
+          "baseline": ((str, type(None)), "a backend name"), "out": ((str,), "a directory path"),
+          "backend_options": ((dict,), "a table of per-backend tables")}
+
+
+def _coerce(key: str, value):
+    """One field's value in the type SweepConfig holds, or an ArxtuneError naming the key."""
+    if key in _LIST_FIELDS:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            raise ArxtuneError(f"bad config value: {key} must be a list of names, e.g. {key} = [\"a\", \"b\"]")
+        return tuple(v.strip() for v in items)
+    if key in _SIZE_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ArxtuneError(f"bad config value: {key} must be a size like 4096 or \"16MiB\"")
+        return parse_bytes(value)
+    types, expected = _TYPES[key]
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ArxtuneError(f"bad config value: {key} must be {expected}, not {value!r}")
+    return value
 
 
 def from_mapping(data: dict) -> SweepConfig:
+    if not isinstance(data, dict):
+        raise ArxtuneError("bad config: the sweep settings must be a table")
     known = {f.name for f in fields(SweepConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ArxtuneError(f"unknown config key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    values = dict(data)
-    for key in _LIST_FIELDS & values.keys():
-        value = values[key]
-        values[key] = tuple(value.split(",") if isinstance(value, str) else value)
-    for key in _SIZE_FIELDS & values.keys():
-        values[key] = parse_bytes(values[key])
-    try:
-        return SweepConfig(**values)
-    except TypeError as exc:
-        raise ArxtuneError(f"bad config value: {exc}") from exc
+    return SweepConfig(**{key: _coerce(key, value) for key, value in data.items()})
 
 
 def load_config(path: str | Path) -> SweepConfig:
     """Read a TOML sweep config; its [sweep] table (or top level) holds SweepConfig fields."""
     path = Path(path)
+    if not path.exists():
+        raise ArxtuneError(f"config {path} not found; see configs/sweep/ for examples")
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ArxtuneError(f"config {path} not found; see configs/sweep/ for examples") from None
+        data = tomllib.loads(read_text(path, "config"))
     except tomllib.TOMLDecodeError as exc:
         raise ArxtuneError(f"config {path} is not valid TOML ({exc}); fix the file") from None
     try:

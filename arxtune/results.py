@@ -12,15 +12,19 @@ Format history:
 from __future__ import annotations
 
 import csv
+import io
 import json
+import logging
+import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
 
-from .collectives import OP_SPECS
+from .collectives import DTYPES, OP_SPECS
 from .errors import ArxtuneError, FormatError
+from .fileio import ensure_dir, read_text, write_text_atomic
 from .stats import bandwidths, summarize
 
 FORMAT_VERSION = 1
@@ -28,6 +32,10 @@ META_FILE = "meta.json"
 POINTS_FILE = "points.csv"
 POINT_COLUMNS = ["backend", "op", "dtype", "mode", "size", "nbytes", "world_size", "status", "iters", "samples_us", "error"]
 STATUSES = ("ok", "wrong", "error", "unsupported")
+MODES = ("eager", "graph")
+#: points.csv of the largest sweeps stays far below this.
+POINTS_FILE_LIMIT = 1 << 30
+log = logging.getLogger("arxtune")
 SUMMARY_COLUMNS = ["median_us", "p10_us", "p90_us", "ci_low_us", "ci_high_us", "unstable", "algbw_gbps", "busbw_gbps"]
 FRAME_COLUMNS = [c for c in POINT_COLUMNS if c != "samples_us"] + SUMMARY_COLUMNS
 
@@ -53,7 +61,7 @@ class PointRecord:
 
     def to_row(self) -> list:
         return [self.backend, self.op, self.dtype, self.mode, self.size, self.nbytes, self.world_size,
-                self.status, len(self.samples_us), " ".join(f"{s:.3f}" for s in self.samples_us), self.error]
+                self.status, len(self.samples_us), " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split())]
 
 
 @dataclass
@@ -79,19 +87,33 @@ class RunMeta:
 
     @classmethod
     def from_dict(cls, data: dict, source: Path) -> "RunMeta":
+        if not isinstance(data, dict):
+            raise FormatError(f"{source}: meta.json must hold an object, not {type(data).__name__}; the run is corrupt")
         version = data.get("version")
         if version != FORMAT_VERSION:
             raise FormatError(f"{source}: results format version {version!r} is not supported (this arxtune reads {FORMAT_VERSION}); re-run the sweep or upgrade arxtune")
         try:
-            return cls(**data)
+            meta = cls(**data)
         except TypeError as exc:
             raise FormatError(f"{source}: meta.json does not match format {FORMAT_VERSION} ({exc}); the run is corrupt") from None
+        for f in fields(cls):
+            value = getattr(meta, f.name)
+            if not isinstance(value, _META_TYPES[f.name]) or isinstance(value, bool) and bool not in _META_TYPES[f.name]:
+                raise FormatError(f"{source}: meta.json field {f.name} has the wrong type ({value!r}); the run is corrupt")
+        if meta.world_size < 1 or not all(isinstance(v, str) for v in meta.hostnames + meta.device_names):
+            raise FormatError(f"{source}: meta.json has a bad world_size, hostnames or device_names; the run is corrupt")
+        return meta
+
+
+_NUMBER = (int, float)
+_META_TYPES = {"run_id": (str,), "world_size": (int,), "device_type": (str,), "config": (dict,), "baseline": (str,),
+               "started": (str,), "version": (int,), "finished": (str, type(None)), "arxtune_version": (str,),
+               "torch_version": (str,), "nccl_version": (str, type(None)), "hostnames": (list,), "device_names": (list,),
+               "backends": (dict,), "fabric_floor_us": (*_NUMBER, type(None)), "command": (str,)}
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", "run metadata")
 
 
 class RunWriter:
@@ -106,10 +128,14 @@ class RunWriter:
 
     @classmethod
     def create(cls, out_dir: str | Path, meta: RunMeta) -> "RunWriter":
-        path = Path(out_dir) / meta.run_id
-        if path.exists():
-            raise ArxtuneError(f"{path} already exists; pick another --out or resume it with --resume {path}")
-        path.mkdir(parents=True)
+        """Make the run directory; it must not exist yet (mkdir is the lock two sweeps of one id race for)."""
+        path = ensure_dir(out_dir, "--out directory") / meta.run_id
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise RunExists(f"{path} already exists; pick another --run-id or continue it with --resume {path}") from None
+        except OSError as exc:
+            raise ArxtuneError(f"cannot create run directory {path} ({exc.strerror}); choose another --out") from None
         with open(path / POINTS_FILE, "w", newline="") as handle:
             csv.writer(handle).writerow(POINT_COLUMNS)
         _write_json_atomic(path / META_FILE, asdict(meta))
@@ -117,16 +143,14 @@ class RunWriter:
 
     @classmethod
     def resume(cls, path: str | Path) -> "RunWriter":
-        """Reopen an interrupted run; a torn last line is cut off so new points start on a line of their own."""
+        """Reopen an interrupted run. Only a torn last line is cut (and said so); every complete line stays byte for byte."""
         run = load_run(path)
-        run.meta.finished = None
-        points = run.path / POINTS_FILE
-        tmp = points.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(POINT_COLUMNS)
-            writer.writerows(record.to_row() for record in run.records)
-        os.replace(tmp, points)
+        if run.meta.finished:
+            raise ArxtuneError(f"run {run.path} finished at {run.meta.finished}; nothing to resume (start a new sweep, or `arxtune calibrate {run.path}`)")
+        if run.torn_line:
+            points = run.path / POINTS_FILE
+            os.truncate(points, points.stat().st_size - len(run.torn_line.encode("utf-8")))
+            log.warning("arxtune: %s: cut a torn last line (an interrupted write); that point is measured again", points)
         return cls(run.path, run.meta, {record.key: record for record in run.records})
 
     def append(self, record: PointRecord) -> None:
@@ -142,11 +166,16 @@ class RunWriter:
         self._file.close()
 
 
+class RunExists(ArxtuneError):
+    """The run directory is already there (another sweep of the same id, or an old run)."""
+
+
 @dataclass
 class Run:
     path: Path
     meta: RunMeta
     records: list[PointRecord]
+    torn_line: str = ""  # an incomplete last line of points.csv (an interrupted write), not part of records
 
     def frame(self) -> pd.DataFrame:
         """One row per point with its summary statistics and bandwidths."""
@@ -157,16 +186,58 @@ def _parse_samples(text: str) -> tuple[float, ...]:
     return tuple(float(v) for v in text.split()) if text else ()
 
 
-def _parse_row(row: list[str], where: str) -> PointRecord:
+def _row_problem(record: PointRecord, iters: int, meta: RunMeta) -> str:
+    """Why a parsed row cannot be part of this run ('' when it can)."""
+    if meta.backends and record.backend not in meta.backends:
+        return f"backend {record.backend!r} is not one of the run's ({', '.join(meta.backends)})"
+    if record.op not in OP_SPECS or record.dtype not in DTYPES or record.mode not in MODES or record.status not in STATUSES:
+        return "unknown op, dtype, mode or status"
+    if record.size < 1 or record.nbytes < 1:
+        return "sizes must be positive"
+    if record.world_size != meta.world_size:
+        return f"world size {record.world_size} in a run of world size {meta.world_size}"
+    if iters != len(record.samples_us) or (record.status == "ok") != bool(record.samples_us):
+        return "sample count does not match"
+    if not all(math.isfinite(s) and s > 0 for s in record.samples_us):
+        return "samples must be positive, finite times"
+    return ""
+
+
+def _parse_row(row: list[str], where: str, meta: RunMeta) -> PointRecord:
+    """One points.csv line -> a validated PointRecord; anything off is a FormatError naming the line."""
+    if len(row) != len(POINT_COLUMNS):
+        raise FormatError(f"{where}: {len(row)} fields, expected {len(POINT_COLUMNS)}; the run is corrupt")
     try:
         backend, op, dtype, mode, size, nbytes, world, status, iters, samples, error = row
         record = PointRecord(backend, op, dtype, mode, int(size), int(nbytes), int(world), status, _parse_samples(samples), error)
-        consistent = status in STATUSES and op in OP_SPECS and int(iters) == len(record.samples_us)
+        problem = _row_problem(record, int(iters), meta)
     except ValueError as exc:
         raise FormatError(f"{where}: {exc}; the run is corrupt") from None
-    if not consistent:
-        raise FormatError(f"{where}: inconsistent record; the run is corrupt")
+    if problem:
+        raise FormatError(f"{where}: {problem}; the run is corrupt")
     return record
+
+
+def _read_points(points_path: Path, meta: RunMeta) -> tuple[list[PointRecord], str]:
+    """(records, torn last line). Only text after the last newline counts as torn; damage anywhere else is an error."""
+    text = read_text(points_path, "points file", POINTS_FILE_LIMIT)
+    cut = text.rfind("\n") + 1
+    complete, torn = text[:cut], text[cut:]
+    reader = csv.reader(io.StringIO(complete, newline=""), strict=True)
+    try:
+        header = next(reader, None)
+        if header != POINT_COLUMNS:
+            raise FormatError(f"{points_path} has unexpected columns; the run is corrupt or from another version")
+        records, seen = [], set()
+        for row in reader:
+            record = _parse_row(row, f"{points_path}:{reader.line_num}", meta)
+            if record.key in seen:
+                raise FormatError(f"{points_path}:{reader.line_num}: point {record.key} appears twice; the run is corrupt")
+            seen.add(record.key)
+            records.append(record)
+    except csv.Error as exc:
+        raise FormatError(f"{points_path}:{reader.line_num}: {exc}; the run is corrupt (only a torn last line may be cut)") from None
+    return records, torn
 
 
 def load_run(path: str | Path) -> Run:
@@ -176,18 +247,20 @@ def load_run(path: str | Path) -> Run:
     if not meta_path.is_file() or not points_path.is_file():
         raise FormatError(f"{path} is not an arxtune run (needs {META_FILE} and {POINTS_FILE}); pass a directory under results/")
     try:
-        meta = RunMeta.from_dict(json.loads(meta_path.read_text()), meta_path)
+        meta = RunMeta.from_dict(json.loads(read_text(meta_path, "run metadata")), meta_path)
     except json.JSONDecodeError as exc:
         raise FormatError(f"{meta_path} is not valid JSON ({exc}); the run is corrupt") from None
-    with open(points_path, newline="") as handle:
-        rows = list(csv.reader(handle))
-    if not rows or rows[0] != POINT_COLUMNS:
-        raise FormatError(f"{points_path} has unexpected columns; the run is corrupt or from another version")
-    body = rows[1:]
-    if body and len(body[-1]) != len(POINT_COLUMNS):
-        body.pop()  # a torn last line from an interrupted write: that point is simply re-run on resume
-    records = [_parse_row(row, f"{points_path}:{line_no}") for line_no, row in enumerate(body, start=2)]
-    return Run(path, meta, records)
+    except ArxtuneError as exc:
+        raise FormatError(str(exc)) from None
+    try:
+        records, torn = _read_points(points_path, meta)
+    except FormatError:
+        raise
+    except ArxtuneError as exc:
+        raise FormatError(str(exc)) from None
+    if torn:
+        log.warning("arxtune: %s ends in a torn line (an interrupted write); it is ignored, and cut on --resume", points_path)
+    return Run(path, meta, records, torn)
 
 
 def points_frame(records: list[PointRecord]) -> pd.DataFrame:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import secrets
 import shlex
 import sys
 from contextlib import nullcontext
@@ -25,7 +26,7 @@ from .backends import OPS, Backend, BackendUnavailable, GroupContext
 from .collectives import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, mismatch, size_grid
 from .config import SweepConfig, format_bytes, from_mapping
 from .errors import ArxtuneError
-from .results import PointRecord, RunMeta, RunWriter
+from .results import PointRecord, RunExists, RunMeta, RunWriter, load_run
 from .timing import make_timer
 
 ESTIMATE_CALLS = 3
@@ -50,8 +51,9 @@ def default_baseline(device: torch.device) -> str:
 
 
 def new_run_id(world_size: int, device_type: str) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{platform.node() or 'host'}-w{world_size}-{device_type}"
+    """Time to the microsecond plus a random tag: two sweeps started together never pick the same id."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    return f"{stamp}-{platform.node() or 'host'}-w{world_size}-{device_type}-{secrets.token_hex(2)}"
 
 
 def _now() -> str:
@@ -235,41 +237,72 @@ def run(config: SweepConfig, run_id: str | None = None, resume: str | None = Non
         distributed.shutdown()
 
 
-def _open_writer(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, baseline: str) -> RunWriter:
-    if resume:
-        return RunWriter.resume(resume)
-    hosts = [distributed.describe_host(ctx)]  # rank 0's; every rank's is added once backends are open
-    meta = RunMeta(
-        run_id=run_id or new_run_id(ctx.world_size, ctx.device.type), world_size=ctx.world_size,
+def _new_meta(config: SweepConfig, ctx: GroupContext, run_id: str, baseline: str, hosts: list[dict]) -> RunMeta:
+    return RunMeta(
+        run_id=run_id, world_size=ctx.world_size,
         device_type=ctx.device.type, config=config.to_dict(), baseline=baseline, started=_now(),
         arxtune_version=__version__, torch_version=torch.__version__,
         nccl_version=".".join(map(str, torch.cuda.nccl.version())) if ctx.device.type == "cuda" else None,
         hostnames=[h["hostname"] for h in hosts], device_names=[h["device"] for h in hosts],
         command=shlex.join(sys.argv))
-    return RunWriter.create(config.out, meta)
+
+
+def _reopen(resume: str, ctx: GroupContext, hosts: list[dict]) -> RunWriter:
+    """Continue a run only where it was measured: same world size, hosts and devices."""
+    meta = load_run(resume).meta
+    here = ([h["hostname"] for h in hosts], [h["device"] for h in hosts])
+    if meta.world_size != ctx.world_size or (meta.hostnames, meta.device_names) != here:
+        raise ArxtuneError(f"run {resume} was measured with {meta.world_size} ranks on {meta.hostnames} ({meta.device_names}); "
+                           f"this job is {ctx.world_size} ranks on {here[0]} ({here[1]}): resume it there, or start a new sweep")
+    try:
+        from_mapping(meta.config)
+    except ArxtuneError as exc:
+        raise ArxtuneError(f"run {resume} has a config this arxtune cannot use ({exc}); start a new sweep") from None
+    return RunWriter.resume(resume)
+
+
+def _open_writer(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, baseline: str,
+                 hosts: list[dict]) -> RunWriter:
+    if resume:
+        return _reopen(resume, ctx, hosts)
+    for _ in range(3):
+        try:
+            return RunWriter.create(config.out, _new_meta(config, ctx, run_id or new_run_id(ctx.world_size, ctx.device.type), baseline, hosts))
+        except RunExists:
+            if run_id:
+                raise
+    raise ArxtuneError(f"could not pick a fresh run id in {config.out}; pass --run-id NAME")
+
+
+def _prepare(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, baseline: str,
+             hosts: list[dict]) -> tuple[RunWriter | None, tuple]:
+    """Rank 0 opens the run; (writer, verdict shared with every rank). Any failure becomes the verdict's error line."""
+    if ctx.rank != 0:
+        return None, ("", None, set(), "")
+    try:
+        writer = _open_writer(config, ctx, run_id, resume, baseline, hosts)
+        print(f"arxtune: run directory {writer.path}", file=sys.stderr, flush=True)
+        return writer, ("", from_mapping(writer.meta.config), set(writer.done), str(writer.path))
+    except ArxtuneError as exc:
+        return None, (str(exc), None, set(), "")
+    except Exception as exc:  # never leave the other ranks waiting on a verdict that will not come
+        return None, (f"cannot start the run ({type(exc).__name__}: {exc})", None, set(), "")
 
 
 def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, progress: bool) -> Path:
-    writer, error = None, ""
     baseline = config.baseline or default_baseline(ctx.device)
-    if ctx.rank == 0:
-        try:
-            writer = _open_writer(config, ctx, run_id, resume, baseline)
-        except ArxtuneError as exc:
-            error = str(exc)
+    hosts = distributed.gather_objects(distributed.describe_host(ctx), ctx.cpu_group)
+    writer, verdict = _prepare(config, ctx, run_id, resume, baseline, hosts)
     # Rank 0's verdict and the run's own config (on resume) reach every rank, so all stop or go together.
-    shared = (error, from_mapping(writer.meta.config) if writer else config, set(writer.done) if writer else set(), str(writer.path) if writer else "")
-    error, config, done, path = distributed.gather_objects(shared, ctx.cpu_group)[0]
+    error, run_config, done, path = distributed.gather_objects(verdict, ctx.cpu_group)[0]
     if error:
         raise ArxtuneError(error)
+    config = run_config
     ready, status = open_backends(config.backends, ctx)
-    hosts = distributed.gather_objects(distributed.describe_host(ctx), ctx.cpu_group)
     try:
         if writer:
             writer.meta.fabric_floor_us = fabric_floor_us(ready)
             writer.meta.backends = status
-            writer.meta.hostnames = [h["hostname"] for h in hosts]
-            writer.meta.device_names = [h["device"] for h in hosts]
             writer.write_meta()
         points = [p for p in plan_points(config, ready, ctx.device) if p.key not in done]
         runner = PointRunner(config, ctx)

@@ -1,9 +1,11 @@
 import json
+import os
 
 import pytest
 
 from arxtune.errors import ArxtuneError, FormatError
-from arxtune.results import POINTS_FILE, PointRecord, RunMeta, RunWriter, load_run
+from arxtune.results import POINTS_FILE, PointRecord, RunExists, RunMeta, RunWriter, load_run
+from arxtune.sweep import new_run_id
 
 from helpers.runs import make_run
 
@@ -25,22 +27,65 @@ def test_round_trip_keeps_raw_samples(tmp_path):
     assert frame.loc[1, "status"] == "wrong" and frame.loc[1, "error"] == "rank 1: bad"
 
 
-def test_refuses_to_overwrite_a_run(tmp_path):
-    RunWriter.create(tmp_path, _meta()).close()
-    with pytest.raises(ArxtuneError, match="already exists"):
-        RunWriter.create(tmp_path, _meta())
-
-
-def test_torn_last_line_is_dropped_and_resume_keeps_the_rest(tmp_path):
-    run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048], backends=("gloo",))
-    with open(run.path / POINTS_FILE, "a") as handle:
+def test_torn_last_line_is_cut_on_resume_and_every_complete_line_kept(tmp_path, caplog):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048], backends=("gloo",), finished=False)
+    points = run.path / POINTS_FILE
+    kept = points.read_bytes()
+    with open(points, "a") as handle:
         handle.write("gloo,all_reduce,float32,eager,4096,40")  # interrupted mid-write
     writer = RunWriter.resume(run.path)
+    assert "cut a torn last line" in caplog.text
+    assert points.read_bytes() == kept
     assert set(writer.done) == {("gloo", "all_reduce", "float32", "eager", 1024), ("gloo", "all_reduce", "float32", "eager", 2048)}
-    assert writer.meta.finished is None
     writer.append(PointRecord("gloo", "all_reduce", "float32", "eager", 4096, 4096, 2, "ok", (1.0,)))
     writer.close()
+    assert points.read_bytes().startswith(kept)
     assert [r.size for r in load_run(run.path).records] == [1024, 2048, 4096]
+
+
+def test_damage_before_the_last_line_is_an_error_and_resume_changes_nothing(tmp_path):
+    """A stray quote six lines before the end must not make the loader drop the rest as 'torn'."""
+    run = make_run(tmp_path, lambda b, n: 10.0, [1 << k for k in range(10, 20)], backends=("gloo",), finished=False)
+    points = run.path / POINTS_FILE
+    lines = points.read_bytes().split(b"\r\n")
+    lines[-7] = lines[-7].replace(b",eager,", b',"eager,', 1)
+    damaged = b"\r\n".join(lines)
+    points.write_bytes(damaged)
+    with pytest.raises(FormatError, match=r"points.csv:\d+: .*only a torn last line may be cut"):
+        load_run(run.path)
+    with pytest.raises(FormatError):
+        RunWriter.resume(run.path)
+    assert points.read_bytes() == damaged
+
+
+def test_an_oversized_field_mid_file_is_one_error(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048, 4096], backends=("gloo",))
+    points = run.path / POINTS_FILE
+    lines = points.read_text().splitlines()
+    lines[2] = lines[2] + '"' + "x" * 200_000 + '"'
+    points.write_text("\n".join(lines) + "\n")
+    with pytest.raises(FormatError, match="points.csv:3"):
+        load_run(run.path)
+
+
+def test_a_finished_run_is_not_resumed(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    before = (run.path / "meta.json").read_bytes()
+    with pytest.raises(ArxtuneError, match="nothing to resume"):
+        RunWriter.resume(run.path)
+    assert (run.path / "meta.json").read_bytes() == before
+
+
+def test_a_taken_run_directory_is_never_reused(tmp_path):
+    RunWriter.create(tmp_path, _meta()).close()
+    with pytest.raises(RunExists, match="already exists"):
+        RunWriter.create(tmp_path, _meta())
+    with pytest.raises(ArxtuneError, match="is a file"):
+        RunWriter.create(tmp_path / "r1" / POINTS_FILE, _meta("r2"))
+
+
+def test_run_ids_of_sweeps_started_together_differ():
+    assert len({new_run_id(2, "cpu") for _ in range(200)}) == 200
 
 
 def test_unknown_version_is_one_clear_error(tmp_path):
@@ -52,19 +97,79 @@ def test_unknown_version_is_one_clear_error(tmp_path):
         load_run(run.path)
 
 
-@pytest.mark.parametrize("damage", ["header", "middle", "json"])
-def test_corrupt_runs_are_rejected(tmp_path, damage):
+@pytest.mark.parametrize("damage, needle", [
+    ("header", "unexpected columns"),
+    (",ok,->,maybe,", "points.csv:3: unknown op, dtype, mode or status"),
+    (",float32,->,float99,", "points.csv:3: unknown op"),
+    (",2048,2048,->,-2048,-2048,", "points.csv:3: sizes must be positive"),
+    (",2,ok,->,3,ok,", "points.csv:3: world size 3"),
+    ("gloo,->ghost,", "points.csv:3: backend 'ghost'"),
+    ("fields", "points.csv:3: 10 fields"),
+    ("samples nan", "points.csv:3: samples must be positive"),
+    ("samples inf", "points.csv:3: samples must be positive"),
+    ("samples 0", "points.csv:3: samples must be positive"),
+    ("ok without samples", "points.csv:3: sample count"),
+    ("duplicate", "points.csv:4: point .* appears twice"),
+])
+def test_corrupt_points_are_rejected_naming_the_line(tmp_path, damage, needle):
+    """Line 3 is a real middle line (header, 1024, 2048, 4096): damage there must never be dropped silently."""
     run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048, 4096], backends=("gloo",))
     points = run.path / POINTS_FILE
     lines = points.read_text().splitlines()
+    fields = lines[2].split(",")
     if damage == "header":
         lines[0] = "what,is,this"
-    elif damage == "middle":
-        lines[1] = lines[1].replace(",ok,", ",maybe,")
+    elif "->" in damage:
+        old, new = damage.split("->")
+        assert old in lines[2]
+        lines[2] = lines[2].replace(old, new, 1)
+    elif damage == "fields":
+        lines[2] = ",".join(fields[:-1])
+    elif damage.startswith("samples "):
+        fields[9] = fields[9].replace(fields[9].split()[5], damage.split()[1], 1)
+        lines[2] = ",".join(fields)
+    elif damage == "ok without samples":
+        fields[8], fields[9] = "0", ""
+        lines[2] = ",".join(fields)
     else:
-        (run.path / "meta.json").write_text("{not json")
+        lines[3] = lines[2]
     points.write_text("\n".join(lines) + "\n")
-    with pytest.raises(FormatError):
+    with pytest.raises(FormatError, match=needle):
+        load_run(run.path)
+
+
+@pytest.mark.parametrize("meta_text, needle", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must hold an object"),
+    ("world_size two", "world_size has the wrong type"),
+    ("hostnames 5", "hostnames has the wrong type"),
+])
+def test_corrupt_meta_is_rejected(tmp_path, meta_text, needle):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    meta = json.loads((run.path / "meta.json").read_text())
+    if meta_text.startswith("world_size"):
+        meta["world_size"] = "two"
+        meta_text = json.dumps(meta)
+    elif meta_text.startswith("hostnames"):
+        meta["hostnames"] = 5
+        meta_text = json.dumps(meta)
+    (run.path / "meta.json").write_text(meta_text)
+    with pytest.raises(FormatError, match=needle):
+        load_run(run.path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "binary", "directory"])
+def test_unreadable_run_files_are_one_error_and_never_block(tmp_path, kind):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    target = run.path / POINTS_FILE
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "binary":
+        target.write_bytes(b"backend\xff\xfe\n")
+    else:
+        target.mkdir()
+    with pytest.raises(FormatError, match="not an arxtune run|not a regular file|not UTF-8"):
         load_run(run.path)
 
 

@@ -32,7 +32,9 @@ def fit_alpha_beta(nbytes: np.ndarray, median_us: np.ndarray) -> tuple[float, fl
 
     When the times show no growth with size, the fit is latency only (bandwidth None).
     """
-    if len(nbytes) < 2:
+    usable = np.isfinite(nbytes) & np.isfinite(median_us) & (nbytes > 0) & (median_us > 0)
+    nbytes, median_us = nbytes[usable], median_us[usable]
+    if len(np.unique(nbytes)) < 2:
         return None
     weights = 1.0 / median_us
     design = np.stack([weights, nbytes * weights], axis=1)
@@ -78,9 +80,14 @@ def _ranges(points: list[tuple[float, str, str]]) -> tuple[Range, ...]:
 
 
 def calibrate(run: Run, baseline: str | None = None, margin: float = DEFAULT_MARGIN, mode: str = "eager") -> Thresholds:
-    baseline = baseline or run.meta.baseline
-    if margin < 0:
-        raise ArxtuneError("--margin must not be negative")
+    asked, baseline = baseline, baseline or run.meta.baseline
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ArxtuneError(f"--margin must be a number not below 0 (a fraction such as 0.05), not {margin}")
+    if mode not in ("eager", "graph"):
+        raise ArxtuneError(f"unknown mode {mode!r}; use eager or graph")
+    measured = sorted({r.backend for r in run.records})
+    if asked and asked not in measured:
+        raise ArxtuneError(f"baseline {baseline!r} was not measured in run {run.meta.run_id}; pick one of {', '.join(measured) or 'none'}")
     frame = run.frame()
     ok = frame[(frame.status == "ok") & (frame["mode"] == mode)]
     if ok.empty:

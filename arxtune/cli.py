@@ -15,26 +15,66 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Measure collective backends, calibrate crossovers, and dispatch per call.")
 
 
-def _fail(exc: Exception) -> None:
-    typer.echo(f"arxtune: error: {exc}", err=True)
-    raise typer.Exit(2)
+def _fail(exc: Exception, code: int = 2) -> None:
+    """One line on stderr, whatever the message held, and a non-zero exit."""
+    message = " ".join(str(exc).split())
+    if isinstance(exc, OSError) and not isinstance(exc, ArxtuneError):
+        message = f"{exc.strerror or type(exc).__name__}: {exc.filename or ''}".rstrip(": ")
+    typer.echo(f"arxtune: error: {message}", err=True)
+    raise typer.Exit(code)
 
 
 def _finish(run_path: Path) -> None:
-    """Calibrate and plot a finished run, printing where everything went."""
+    """Calibrate and plot a finished run, printing where everything went; an existing thresholds file is kept."""
     from .calibrate import calibrate
     from .plot import plot_run
     from .results import load_run
+    from .thresholds import load
 
     run = load_run(run_path)
     typer.echo(f"run:        {run.path}")
+    target = run.path / "thresholds.json"
     try:
-        thresholds = calibrate(run)
-        typer.echo(f"thresholds: {thresholds.save(run.path / 'thresholds.json')}")
+        if target.exists():
+            thresholds = load(target)
+            typer.echo(f"thresholds: kept {target} (already there; `arxtune calibrate {run.path}` replaces it)")
+        else:
+            thresholds = calibrate(run)
+            typer.echo(f"thresholds: {thresholds.save(target)}")
     except ArxtuneError as exc:
         thresholds = None
         typer.echo(f"thresholds: not written ({exc})")
     typer.echo(f"plot:       {plot_run(run, thresholds)}")
+
+
+def _check_resume(resume: Path, config: Optional[Path], run_id: Optional[str], overrides: dict) -> None:
+    """--resume continues a run with its own config: refuse a finished run and flags that would change it."""
+    from .config import from_mapping
+    from .results import resumable
+
+    run = resumable(resume)
+    try:
+        run_config = from_mapping(run.meta.config)
+    except ArxtuneError as exc:
+        raise ArxtuneError(f"run {resume} has a config this arxtune cannot use ({exc}); start a new sweep") from None
+    if config or run_id:
+        raise ArxtuneError(f"--resume continues {resume} with its own config and name; drop {'--config' if config else '--run-id'}")
+    changed = [f"--{key.replace('_', '-')} (the run has {getattr(run_config, key)})" for key, value in overrides.items()
+               if value is not None and getattr(run_config.with_overrides(**{key: value}), key) != getattr(run_config, key)]
+    if changed:
+        raise ArxtuneError(f"--resume continues {resume} with its own config; drop {', '.join(changed)} or start a new sweep")
+
+
+def _launch_failure(result) -> str:
+    """The one line the parent prints when torchrun did not finish cleanly."""
+    resume = f"finished points are kept: continue with `arxtune sweep --resume {result.run_path}`" if result.run_path else ""
+    if result.interrupted:
+        return f"interrupted; {resume}" if resume else "interrupted before the run directory was made; nothing was written"
+    if result.errors:
+        said = " | ".join(result.errors)
+        return f"{said}; {resume}" if resume and "--resume" not in said else said
+    what = result.last_exception or "no error line"
+    return f"a rank failed (torchrun exit {result.code}): {what}; every rank's output: {result.log_path}" + (f"; {resume}" if resume else "")
 
 
 @app.command()
@@ -67,27 +107,31 @@ def sweep(
 
       torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 -m arxtune sweep -c configs/sweep/gb10-2node.toml
     """
-    from . import distributed, launch, sweep as sweep_mod
+    from . import backends as backend_registry, distributed, launch, sweep as sweep_mod
     from .config import SweepConfig, load_config
-    from .results import load_run
+    from .fileio import check_writable_dir
 
     try:
+        backend_registry.check_extra()
         base = load_config(config) if config else SweepConfig()
-        cfg = base.with_overrides(backends=backends, ops=ops, dtypes=dtypes, modes=modes, min_bytes=min_bytes,
-                                  max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s, out=out)
+        overrides = dict(backends=backends, ops=ops, dtypes=dtypes, modes=modes, min_bytes=min_bytes,
+                         max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s, out=out)
+        cfg = base.with_overrides(**overrides)
         if not distributed.under_torchrun():
             if resume:
-                load_run(resume)  # a bad run directory is reported here, before any rank starts
+                _check_resume(resume, config, run_id, overrides)  # before any rank starts
+            else:
+                check_writable_dir(cfg.out, "--out directory")
             plan = launch.LaunchPlan(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
             plan.torchrun_args()  # validate before starting anything
-            code = launch.run_under_torchrun(plan, sys.argv[1:])
-            if code:
-                _fail(ArxtuneError(f"torchrun exited with code {code}; the lines above say which rank failed. Finished points are kept: --resume the run directory"))
+            result = launch.run_under_torchrun(plan, sys.argv[1:])
+            if result.code or result.interrupted:
+                _fail(ArxtuneError(_launch_failure(result)), 130 if result.interrupted else 2)
             return
         path = sweep_mod.run(cfg, run_id=run_id, resume=str(resume) if resume else None, progress=progress)
         if int(os.environ["RANK"]) == 0:
             _finish(path)
-    except ArxtuneError as exc:
+    except (ArxtuneError, OSError) as exc:
         _fail(exc)
     # A finished rank leaves without interpreter teardown: destructors of torch's
     # communication threads have been seen to abort a rank whose work was complete.
@@ -115,10 +159,15 @@ def calibrate(
     from .report import thresholds_table
     from .results import load_run
 
+    from .fileio import check_writable_file
+
     try:
+        if export not in (None, "csv", "table"):
+            raise ArxtuneError(f"unknown --export {export!r}; use csv or table")
         loaded = load_run(run)
+        target = check_writable_file(out or loaded.path / "thresholds.json", "--out")
         thresholds = calibrate_run(loaded, baseline=baseline, margin=margin, mode=mode)
-        typer.echo(f"thresholds: {thresholds.save(out or loaded.path / 'thresholds.json')}")
+        typer.echo(f"thresholds: {thresholds.save(target)}")
         if install:
             typer.echo(f"installed:  {thresholds.save(default_thresholds_path())}")
         if export == "csv":
@@ -127,9 +176,7 @@ def calibrate(
             from rich.console import Console
 
             Console().print(thresholds_table(thresholds))
-        elif export is not None:
-            raise ArxtuneError(f"unknown --export {export!r}; use csv or table")
-    except ArxtuneError as exc:
+    except (ArxtuneError, OSError) as exc:
         _fail(exc)
 
 
@@ -151,9 +198,9 @@ def plot(
     try:
         loaded = load_run(run)
         default = loaded.path / "thresholds.json"
-        table = load(thresholds) if thresholds else (load(default) if default.is_file() else None)
+        table = load(thresholds) if thresholds else (load(default) if default.exists() else None)
         typer.echo(f"plot: {plot_run(loaded, table, out, mode)}")
-    except ArxtuneError as exc:
+    except (ArxtuneError, OSError) as exc:
         _fail(exc)
 
 
@@ -167,7 +214,7 @@ def show(path: Path = typer.Argument(..., help="A run directory or a thresholds 
 
     try:
         show_path(path)
-    except ArxtuneError as exc:
+    except (ArxtuneError, OSError) as exc:
         _fail(exc)
 
 

@@ -8,9 +8,13 @@ forwarding its own arguments, and afterwards calibrates and plots the run.
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+import threading
+from dataclasses import dataclass, field
 
 import torch
 
@@ -58,10 +62,76 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_under_torchrun(plan: LaunchPlan, arxtune_args: list[str]) -> int:
-    """Run `python -m arxtune ARGS` on every rank; returns torchrun's exit code."""
+#: Rank lines the user sees as they come; errors are held back and said once at the end.
+ERROR_PREFIX = "arxtune: error: "
+RUN_PREFIX = "arxtune: run directory "
+#: The last line of a Python traceback: what actually went wrong in a rank.
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+#: How long torchrun gets to stop its ranks after an interrupt before it is killed.
+STOP_TIMEOUT_S = 30
+
+
+@dataclass
+class LaunchResult:
+    """What the ranks said, boiled down to what the parent reports."""
+
+    code: int
+    interrupted: bool = False
+    run_path: str = ""
+    errors: list[str] = field(default_factory=list)  # distinct "arxtune: error:" lines, in order
+    last_exception: str = ""  # the last traceback's final line, when no rank said an arxtune error
+    log_path: str = ""
+
+
+def _read_ranks_stderr(stream, log, result: LaunchResult) -> None:
+    """Keep torchrun's and the ranks' stderr in the log; pass on arxtune's own lines, each once."""
+    shown = set()
+    for line in stream:
+        log.write(line)
+        log.flush()
+        text = line.rstrip("\n")
+        if text.startswith(ERROR_PREFIX):
+            if text[len(ERROR_PREFIX):] not in result.errors:
+                result.errors.append(text[len(ERROR_PREFIX):])
+        elif text.startswith("arxtune: "):
+            if text.startswith(RUN_PREFIX):
+                result.run_path = text[len(RUN_PREFIX):]
+            if text not in shown:
+                shown.add(text)
+                print(text, file=sys.stderr, flush=True)
+        elif _EXCEPTION_LINE.match(text.strip()):
+            result.last_exception = text.strip()
+
+
+def run_under_torchrun(plan: LaunchPlan, arxtune_args: list[str]) -> LaunchResult:
+    """Run `python -m arxtune ARGS` on every rank; stderr goes to a log, arxtune's own lines to the user.
+
+    torchrun gets its own process group, so Ctrl-C reaches only this process, which forwards it
+    once and waits (bounded) for torchrun to stop its ranks.
+    """
     command = [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), "-m", "arxtune", *arxtune_args]
+    log = tempfile.NamedTemporaryFile("w", prefix="arxtune-sweep-", suffix=".log", delete=False)
+    result = LaunchResult(code=0, log_path=log.name)
+    proc = subprocess.Popen(command, env=child_env(), stderr=subprocess.PIPE, text=True, errors="replace", process_group=0)
+    reader = threading.Thread(target=_read_ranks_stderr, args=(proc.stderr, log, result), daemon=True)
+    reader.start()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        return subprocess.call(command, env=child_env())
+        result.code = proc.wait()
     except KeyboardInterrupt:
-        return 130
+        result.interrupted = True
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        result.code = 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    reader.join(timeout=STOP_TIMEOUT_S)
+    log.close()
+    if result.code == 0 and not result.interrupted:
+        os.unlink(log.name)
+        result.log_path = ""
+    return result

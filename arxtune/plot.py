@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +13,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from .config import format_bytes  # noqa: E402
 from .errors import ArxtuneError  # noqa: E402
+from .fileio import check_writable_file, write_bytes_atomic  # noqa: E402
 from .results import Run  # noqa: E402
 from .thresholds import Thresholds  # noqa: E402
 
@@ -40,6 +42,7 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
     out = Path(out) if out else run.path / "plot.png"
     if out.suffix.lower() not in FORMATS:
         raise ArxtuneError(f"cannot write {out.suffix or 'no extension'}; use one of {', '.join(sorted(FORMATS))}")
+    check_writable_file(out, "plot")
     frame = run.frame()
     ok = frame[frame.status == "ok"]
     if mode:
@@ -85,7 +88,7 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
     hosts = ", ".join(sorted(set(run.meta.hostnames)))
     fig.suptitle(f"arxtune run {run.meta.run_id} | world {run.meta.world_size} | {hosts} | {run.meta.device_names[0] if run.meta.device_names else ''}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format=out.suffix.lower()[1:])
     plt.close(fig)
-    return out
+    return write_bytes_atomic(out, image.getvalue(), "plot")

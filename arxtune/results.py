@@ -144,9 +144,7 @@ class RunWriter:
     @classmethod
     def resume(cls, path: str | Path) -> "RunWriter":
         """Reopen an interrupted run. Only a torn last line is cut (and said so); every complete line stays byte for byte."""
-        run = load_run(path)
-        if run.meta.finished:
-            raise ArxtuneError(f"run {run.path} finished at {run.meta.finished}; nothing to resume (start a new sweep, or `arxtune calibrate {run.path}`)")
+        run = resumable(path)
         if run.torn_line:
             points = run.path / POINTS_FILE
             os.truncate(points, points.stat().st_size - len(run.torn_line.encode("utf-8")))
@@ -261,6 +259,14 @@ def load_run(path: str | Path) -> Run:
     if torn:
         log.warning("arxtune: %s ends in a torn line (an interrupted write); it is ignored, and cut on --resume", points_path)
     return Run(path, meta, records, torn)
+
+
+def resumable(path: str | Path) -> Run:
+    """The run at `path` if it can be continued: readable and not finished."""
+    run = load_run(path)
+    if run.meta.finished:
+        raise ArxtuneError(f"run {run.path} finished at {run.meta.finished}; nothing to resume (start a new sweep, or `arxtune calibrate {run.path}`)")
+    return run
 
 
 def points_frame(records: list[PointRecord]) -> pd.DataFrame:

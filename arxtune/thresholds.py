@@ -14,14 +14,14 @@ import bisect
 import csv
 import io
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from .backends import OPS
 from .collectives import DTYPES
-from .errors import FormatError
+from .errors import ArxtuneError, FormatError
+from .fileio import read_text, write_text_atomic
 
 THRESHOLDS_VERSION = 1
 KIND = "arxtune-thresholds"
@@ -84,12 +84,7 @@ class Thresholds:
         return asdict(self)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n", "thresholds file")
 
     def to_csv(self) -> str:
         """NCCL-tuner-style lines: first match wins, -1 is a wildcard / no bound."""
@@ -148,11 +143,13 @@ def from_dict(data: dict, source: str = "thresholds") -> Thresholds:
 
 def load(path: str | Path) -> Thresholds:
     path = Path(path)
+    if not path.exists():
+        raise FormatError(f"thresholds file {path} not found; create it with `arxtune calibrate RUN --out {path}`")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FormatError(f"thresholds file {path} not found; create it with `arxtune calibrate RUN --out {path}`") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(read_text(path, "thresholds file"))
+    except ArxtuneError as exc:
+        raise FormatError(str(exc)) from None
+    except json.JSONDecodeError as exc:
         raise _fail(str(path), f"not valid JSON ({exc})") from None
     return from_dict(data, str(path))
 

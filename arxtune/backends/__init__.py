@@ -36,11 +36,39 @@ def register(name: str, target: str) -> None:
     REGISTRY[name] = target
 
 
+def parse_extra(text: str) -> tuple[dict[str, str], list[str]]:
+    """'name=pkg.module:Class,...' -> (backends to add, problems); a built-in name may not be replaced."""
+    extra, problems = {}, []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, target = (part.strip() for part in item.partition("="))
+        module, colon, cls = target.partition(":")
+        if not (equals and name.isidentifier() and colon and module and cls.isidentifier()):
+            problems.append(f"{item!r} must look like name=package.module:Class")
+        elif name in BUILTIN or name in extra:
+            problems.append(f"{name!r} is already a backend; pick another name")
+        else:
+            extra[name] = target
+    return extra, problems
+
+
+BUILTIN = frozenset(REGISTRY)
+#: What was wrong with ARXTUNE_EXTRA_BACKENDS; commands that use backends refuse to start while it is set.
+EXTRA_PROBLEMS: list[str] = []
+
+
 def _register_from_env() -> None:
-    """ARXTUNE_EXTRA_BACKENDS="name=pkg.module:Class,..." adds backends in every rank torchrun starts."""
-    for item in filter(None, os.environ.get(ENV_EXTRA, "").split(",")):
-        name, _, target = item.partition("=")
-        register(name.strip(), target.strip())
+    """ARXTUNE_EXTRA_BACKENDS adds backends in every rank torchrun starts; a bad entry is kept as a problem, never raised at import."""
+    extra, problems = parse_extra(os.environ.get(ENV_EXTRA, ""))
+    REGISTRY.update(extra)
+    EXTRA_PROBLEMS[:] = problems
+
+
+def check_extra() -> None:
+    """Raise one ArxtuneError when ARXTUNE_EXTRA_BACKENDS could not be used as written."""
+    if EXTRA_PROBLEMS:
+        from ..errors import ArxtuneError
+
+        raise ArxtuneError(f"{ENV_EXTRA}: {'; '.join(EXTRA_PROBLEMS)}; fix or unset it")
 
 
 _register_from_env()
@@ -66,4 +94,4 @@ def create(name: str, ctx: GroupContext) -> Backend:
     return backend_class(name)(ctx)
 
 
-__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "create", "names", "register"]
+__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "check_extra", "create", "names", "register"]

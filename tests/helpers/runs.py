@@ -9,7 +9,8 @@ from arxtune.results import PointRecord, RunMeta, RunWriter, load_run
 
 def synthetic_samples(median_us: float, spread: float = 0.02, n: int = 200, seed: int = 0) -> tuple[float, ...]:
     rng = np.random.default_rng(seed)
-    return tuple(float(v) for v in median_us * (1 + spread * rng.standard_normal(n)))
+    values = median_us * (1 + spread * rng.standard_normal(n))
+    return tuple(float(v) for v in np.maximum(values, 0.01 * median_us))  # times are positive, however wide the spread
 
 
 def make_run(tmp_path, latency, sizes, backends=("gloo", "fast"), ops=("all_reduce",), dtypes=("float32",),

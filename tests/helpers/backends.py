@@ -55,3 +55,30 @@ class DiesAtSize(GlooBackend):
         if self.rank == 1 and inp.numel() * inp.element_size() >= self.limit:
             os._exit(3)
         super().all_reduce(inp, out)
+
+
+class WrongAfterCheck(GlooBackend):
+    """Right on the first call (the harness's check) and wrong on rank 1 afterwards, as a backend whose
+    repeated or replayed calls go bad: only the check after timing can catch it."""
+
+    name = "laterwrong"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.rank = ctx.rank
+        self.calls = 0
+
+    def all_reduce(self, inp, out):
+        super().all_reduce(inp, out)
+        self.calls += 1
+        if self.rank == 1 and self.calls > 1:
+            out[-1] += 1
+
+
+class SmallOnly(CountingGloo):
+    """Counts its calls and supports only up to 1 KiB: the communicator must fall back to its baseline above that."""
+
+    name = "smallonly"
+
+    def supports(self, op, dtype, nbytes):
+        return nbytes <= 1024

@@ -39,6 +39,14 @@ for op, n, counted in cases:
     assert sum(CountingGloo.calls.values()) - before == counted, (op, n, CountingGloo.calls)
 print(comm.summary(), file=sys.stderr)
 
+# A chosen backend that does not support the call's size hands it to the baseline.
+limited = Communicator.from_env(Thresholds("gloo", 0.05, {}, (table("all_reduce", world, [Range(0, None, "smallonly")]),)))
+for n, counted in ((256, 1), (1024, 0)):  # 1 KiB is supported, 4 KiB is not
+    before = sum(CountingGloo.calls.values())
+    out = limited.all_reduce(torch.ones(n))
+    assert torch.equal(out, torch.full((n,), float(world))), n
+    assert sum(CountingGloo.calls.values()) - before == counted, (n, CountingGloo.calls)
+
 # Wrong world size, a missing file, a GPU-calibrated file on CPU tensors: one warning each, then gloo for every call.
 other = Thresholds("gloo", 0.05, {}, (table("all_reduce", 7, [Range(0, None, "counting")]),))
 from_gpu = Thresholds("nccl", 0.05, {}, (table("all_reduce", world, [Range(0, 4096, "nccl"), Range(4096, None, "arx")]),))

@@ -83,3 +83,47 @@ def test_a_run_with_nothing_correct_is_an_error(tmp_path):
     run = make_run(tmp_path, lambda b, n: 1.0, [1024], backends=("gloo",), statuses={("gloo", 1024): "wrong"})
     with pytest.raises(ArxtuneError, match="no correct"):
         calibrate(run)
+
+
+def test_only_the_asked_mode_is_calibrated(tmp_path):
+    """Eager and graph disagree: each mode's table follows its own points."""
+    run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 200.0, [1024, 2048, 4096], spread=0.001,
+                   graph_latency=lambda b, n: 100.0 if b == "gloo" else 20.0)
+    assert {r.backend for r in calibrate(run, mode="eager").tables[0].ranges} == {"gloo"}
+    assert _measured_winners(calibrate(run, mode="graph")) == {"fast"}
+
+
+def test_the_fastest_of_several_winners_wins(tmp_path):
+    speeds = {"gloo": 100.0, "fast": 50.0, "faster": 20.0, "quick": 35.0}
+    run = make_run(tmp_path, lambda b, n: speeds[b], [1024, 2048], backends=tuple(speeds), spread=0.001)
+    assert _measured_winners(calibrate(run)) == {"faster"}
+    without_baseline = make_run(tmp_path / "b", lambda b, n: speeds[b], [1024], backends=("fast", "faster", "quick"), spread=0.001)
+    assert _measured_winners(calibrate(without_baseline)) == {"faster"}
+
+
+def test_the_margin_decides_beyond_the_grid_too(tmp_path):
+    """'fast' wins every measured size by more than the margin; at the next size its model is faster
+    than gloo's by less than the margin (70 vs 100 us), so gloo keeps that size."""
+    run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 10.0 + 30.0 * n / 4096, [1024, 2048, 4096], spread=0.001)
+    strict, loose = calibrate(run, margin=0.5), calibrate(run, margin=0.0)
+    assert _measured_winners(strict) == _measured_winners(loose) == {"fast"}
+    assert Lookup(strict, 2).choose("all_reduce", torch.float32, 8192) == "gloo"
+    assert Lookup(loose, 2).choose("all_reduce", torch.float32, 8192) == "fast"
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"margin": float("nan")}, "--margin must be a number"),
+    ({"margin": -0.1}, "--margin must be a number"),
+    ({"baseline": "unknown"}, "baseline 'unknown' was not measured"),
+    ({"mode": "lazy"}, "unknown mode"),
+])
+def test_bad_calibration_settings_are_refused(crossover_run, kwargs, needle):
+    with pytest.raises(ArxtuneError, match=needle):
+        calibrate(crossover_run, **kwargs)
+
+
+def test_the_fit_ignores_samples_that_are_not_times():
+    nbytes = np.array([1024.0, 2048.0, 4096.0, 8192.0])
+    alpha, bw = fit_alpha_beta(nbytes, np.array([np.nan, 0.0, 12.0 + 4096 / 25e3, 12.0 + 8192 / 25e3]))
+    assert alpha == pytest.approx(12.0, rel=1e-6) and bw == pytest.approx(25.0, rel=1e-6)
+    assert fit_alpha_beta(nbytes, np.array([np.inf, 0.0, np.nan, 5.0])) is None

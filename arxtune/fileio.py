@@ -33,12 +33,12 @@ def read_text(path: str | Path, what: str, limit: int = SMALL_FILE_BYTES) -> str
         raise ArxtuneError(f"{what} {path} not found") from None
     except OSError as exc:
         raise ArxtuneError(f"cannot read {what} {path} ({_reason(exc)})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ArxtuneError(f"{what} {path} is {kind}; pass a file")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise ArxtuneError(f"{what} {path} is a directory; pass a file")
-        if not stat.S_ISREG(info.st_mode):
-            raise ArxtuneError(f"{what} {path} is not a regular file; pass a file")
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise ArxtuneError(f"{what} {path} is larger than {limit >> 20} MiB; it is not an arxtune file")

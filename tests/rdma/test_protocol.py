@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
@@ -22,10 +23,18 @@ def test_config_precedence_defaults_then_options_then_env():
     assert RdmaConfig.resolve({"gid_index": 1}, env={"ARXTUNE_RDMA_GID_INDEX": " "}).gid_index == 1
 
 
-@pytest.mark.parametrize("options", [{"max_byte": 1}, {"max_bytes": 100}, {"slots": 1}, {"timeout_s": 0},
-                                     {"max_bytes": "lots"}, {"devices": "a,,b"}, {"chunk_bytes": 1 << 30}])
-def test_config_rejects_bad_settings_with_a_clear_error(options):
-    with pytest.raises(ArxtuneError, match="arx"):
+@pytest.mark.parametrize("options, needle", [
+    ({"max_byte": 1}, "unknown option 'max_byte'"),
+    ({"max_bytes": 100}, "max_bytes must be a positive multiple of 64, got 100"),
+    ({"slots": 1}, "slots must be >= 2"),
+    ({"timeout_s": 0}, "timeout_s must be > 0"),
+    ({"max_bytes": "lots"}, "bad RDMA setting: not a byte size: 'lots'"),
+    ({"devices": "a,,b"}, "empty RDMA device name"),
+    ({"chunk_bytes": 1 << 30}, "chunk_bytes must be a multiple of 64 in"),
+])
+def test_config_rejects_bad_settings_with_a_clear_error(options, needle):
+    """Each bad setting gets the message that names it, not just any 'arx:' error."""
+    with pytest.raises(ArxtuneError, match=re.escape(needle)):
         RdmaConfig.resolve(options, env={})
 
 

@@ -75,8 +75,14 @@ def test_slot_reuse_over_many_steps_in_both_directions(ts):
 
 def test_zero_byte_put_sends_only_the_flag(ts):
     a, b = ts
+    a.buf[a.layout.staging(0) : a.layout.staging(0) + 64].fill_(7)  # would show up in b's inbox if any byte travelled
+    inbox = received(b, 0, 0, 64).clone()
     send(a, 0, 1, torch.empty(0, dtype=torch.uint8))
     b.wait(0, 0, 0, "test")
+    assert b.flags[b.layout.flag_index(0, 0, 0)] == seq_of(0)
+    assert torch.equal(received(b, 0, 0, 64), inbox)
+    a.wait_sends(0, "test")
+    assert a._done[(0, 1)] == 0
 
 
 def test_silent_peer_becomes_a_timeout_naming_device_peer_and_op():

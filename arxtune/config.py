@@ -12,7 +12,7 @@ from .collectives import DTYPES
 from .errors import ArxtuneError
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-MODES = ("eager", "graph")
+MODES = ("eager", "isolated", "graph")
 
 
 def parse_bytes(value: int | str) -> int:
@@ -49,12 +49,15 @@ class SweepConfig:
     """Largest size, inclusive."""
     step_factor: float = 2.0
     """Ratio between consecutive sizes on the geometric grid."""
-    modes: tuple[str, ...] = ("eager", "graph")
-    """Timing modes; graph (CUDA graphs) applies only to CUDA tensors and capturable backends."""
+    modes: tuple[str, ...] = ("eager", "isolated", "graph")
+    """Timing views (timing.py): eager (back-to-back calls), isolated (one call, host cost included;
+    CUDA only, as CPU calls are synchronous) and graph (CUDA graphs, capturable backends only)."""
     warmup_iters: int = 5
     """Untimed calls before timing each point."""
+    rounds: int = 5
+    """Timing rounds per point, interleaved across backends; intervals come from the spread across rounds."""
     min_iters: int = 10
-    """Fewest timed samples per point."""
+    """Fewest timed samples per point (over all rounds)."""
     max_iters: int = 2000
     """Most timed samples per point."""
     point_budget_s: float = 0.25
@@ -85,6 +88,8 @@ class SweepConfig:
             raise ArxtuneError("min_bytes must be positive and not above max_bytes")
         if self.step_factor <= 1:
             raise ArxtuneError("step_factor must be greater than 1")
+        if self.rounds < 1:
+            raise ArxtuneError("rounds must be at least 1 (5 or more gives intervals from the spread across rounds)")
         if not (1 <= self.min_iters <= self.max_iters):
             raise ArxtuneError("need 1 <= min_iters <= max_iters")
         if self.point_budget_s <= 0 or self.timeout_s <= 0 or self.warmup_iters < 0:

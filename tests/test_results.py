@@ -71,3 +71,23 @@ def test_corrupt_runs_are_rejected(tmp_path, damage):
 def test_not_a_run(tmp_path):
     with pytest.raises(FormatError, match="not an arxtune run"):
         load_run(tmp_path)
+
+
+def test_rounds_round_trip_and_feed_the_interval(tmp_path):
+    writer = RunWriter.create(tmp_path, _meta())
+    record = PointRecord("gloo", "all_reduce", "float32", "eager", 1024, 1024, 2, "ok", (1.0, 1.0, 3.0, 3.0), "", (2, 2))
+    writer.append_group([record, PointRecord("x", "all_reduce", "float32", "eager", 1024, 1024, 2, "error", (), "boom")])
+    writer.close()
+    run = load_run(tmp_path / "r1")
+    assert run.records[0] == record and run.records[0].round_iters == (2, 2)
+    row = run.frame().iloc[0]
+    assert row.rounds == 2 and (row.ci_low_us, row.ci_high_us) == (1.0, 3.0)
+
+
+def test_a_version_1_run_is_refused_with_what_to_do(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    meta = json.loads((run.path / "meta.json").read_text())
+    meta["version"] = 1
+    (run.path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(FormatError, match="version 1 is not supported.*re-run the sweep"):
+        load_run(run.path)

@@ -1,9 +1,8 @@
 """Run -> thresholds, as a pure function.
 
-Per (op, dtype) and size, the baseline keeps the point unless another correct
-backend is faster with confidence: its median's interval lies wholly below
-the baseline's and its median beats the baseline's by more than `margin`.
-Sizes outside the measured grid get the choice predicted by the alpha-beta
+Per (op, dtype) and measured size the choice is decision.measured_winners':
+the baseline keeps the point unless another correct backend beats it with
+confidence, by more than `margin`, over a run of consecutive sizes. Sizes outside the measured grid get the choice predicted by the alpha-beta
 fits of the baseline and of the backend that won the nearest measured size,
 under the same margin rule.
 """
@@ -19,6 +18,7 @@ import pandas as pd
 
 from . import __version__
 from .errors import ArxtuneError
+from .decision import measured_winners
 from .results import Run
 from .thresholds import Model, Range, Table, Thresholds
 
@@ -44,18 +44,6 @@ def fit_alpha_beta(nbytes: np.ndarray, median_us: np.ndarray) -> tuple[float, fl
     return max(0.0, float(alpha)), float(1e-3 / slope)
 
 
-def _winner(rows: pd.DataFrame, baseline: str, margin: float) -> str | None:
-    """The backend for one size: the baseline unless beaten with confidence."""
-    if rows.empty:
-        return None
-    base = rows[rows.backend == baseline]
-    if base.empty:
-        return str(rows.loc[rows.median_us.idxmin(), "backend"])
-    b = base.iloc[0]
-    better = rows[(rows.backend != baseline) & (rows.ci_high_us < b.ci_low_us) & (rows.median_us * (1 + margin) < b.median_us)]
-    return baseline if better.empty else str(better.loc[better.median_us.idxmin(), "backend"])
-
-
 def _predicted_winner(models: list[Model], nbytes: float, baseline: str, margin: float) -> str | None:
     if not models:
         return None
@@ -79,19 +67,28 @@ def _ranges(points: list[tuple[float, str, str]]) -> tuple[Range, ...]:
     return tuple(ranges)
 
 
-def calibrate(run: Run, baseline: str | None = None, margin: float = DEFAULT_MARGIN, mode: str = "eager") -> Thresholds:
+#: Timing views (run modes) that may feed each table the runtime knows; the first is the default.
+VIEWS = {"eager": ("eager", "isolated"), "graph": ("graph",)}
+
+
+def calibrate(run: Run, baseline: str | None = None, margin: float = DEFAULT_MARGIN, mode: str = "eager",
+              view: str | None = None) -> Thresholds:
+    """`view` is the run's timing mode that feeds the `mode` table (eager: back-to-back calls, or isolated)."""
     asked, baseline = baseline, baseline or run.meta.baseline
     if not (math.isfinite(margin) and margin >= 0):
         raise ArxtuneError(f"--margin must be a number not below 0 (a fraction such as 0.05), not {margin}")
-    if mode not in ("eager", "graph"):
-        raise ArxtuneError(f"unknown mode {mode!r}; use eager or graph")
     measured = sorted({r.backend for r in run.records})
     if asked and asked not in measured:
         raise ArxtuneError(f"baseline {baseline!r} was not measured in run {run.meta.run_id}; pick one of {', '.join(measured) or 'none'}")
+    if mode not in VIEWS:
+        raise ArxtuneError(f"unknown mode {mode!r}; use one of {', '.join(VIEWS)}")
+    view = view or VIEWS[mode][0]
+    if view not in VIEWS[mode]:
+        raise ArxtuneError(f"the {mode} table can be fed by the {' or '.join(VIEWS[mode])} timing view, not {view!r}")
     frame = run.frame()
-    ok = frame[(frame.status == "ok") & (frame["mode"] == mode)]
+    ok = frame[(frame.status == "ok") & (frame["mode"] == view)]
     if ok.empty:
-        raise ArxtuneError(f"run {run.meta.run_id} has no correct {mode} points to calibrate from; check `arxtune show {run.path}`")
+        raise ArxtuneError(f"run {run.meta.run_id} has no correct {view} points to calibrate from; check `arxtune show {run.path}`")
     tables, models = [], []
     step = float(run.meta.config.get("step_factor", 2.0))
     for (op, dtype), group in ok.groupby(["op", "dtype"], sort=False):
@@ -101,7 +98,7 @@ def calibrate(run: Run, baseline: str | None = None, margin: float = DEFAULT_MAR
             if fit:
                 group_models.append(Model(backend, op, dtype, run.meta.world_size, *fit))
         models.extend(group_models)
-        points = [(float(size), w, "measured") for size, rows in group.groupby("nbytes") if (w := _winner(rows, baseline, margin))]
+        points = [(float(size), w, "measured") for size, w in measured_winners(group, baseline, margin)]
         if not points:
             continue
         # Beyond the grid only the baseline and the backend that won the edge point confidently compete.
@@ -116,7 +113,7 @@ def calibrate(run: Run, baseline: str | None = None, margin: float = DEFAULT_MAR
         tables.append(Table(op, dtype, run.meta.world_size, _ranges(points)))
     provenance = {
         "run_id": run.meta.run_id, "hostnames": run.meta.hostnames, "device_names": run.meta.device_names,
-        "world_size": run.meta.world_size, "device_type": run.meta.device_type, "mode": mode,
+        "world_size": run.meta.world_size, "device_type": run.meta.device_type, "mode": mode, "view": view,
         "backends": sorted(ok.backend.unique()), "fabric_floor_us": run.meta.fabric_floor_us,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "calibrated_on": platform.node(),
         "arxtune_version": __version__,

@@ -40,7 +40,7 @@ def _finish(run_path: Path) -> None:
             typer.echo(f"thresholds: kept {target} (already there; `arxtune calibrate {run.path}` replaces it)")
         else:
             thresholds = calibrate(run)
-            typer.echo(f"thresholds: {thresholds.save(target)}")
+            typer.echo(f"thresholds: {thresholds.save(target)} (from the {thresholds.provenance['view']} timing view)")
     except ArxtuneError as exc:
         thresholds = None
         typer.echo(f"thresholds: not written ({exc})")
@@ -146,7 +146,8 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json)."),
     baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the run's)."),
     margin: float = typer.Option(0.05, help="Fraction by which a backend must beat the baseline's median."),
-    mode: str = typer.Option("eager", help="Timing mode to calibrate from: eager or graph."),
+    mode: str = typer.Option("eager", help="Table to calibrate: eager or graph."),
+    view: Optional[str] = typer.Option(None, help="Timing view that feeds the eager table: eager (back-to-back calls, default) or isolated (one call, host cost included)."),
     export: Optional[str] = typer.Option(None, help="Also print as 'csv' (NCCL-tuner style) or 'table'."),
     install: bool = typer.Option(False, help="Also write to where deployments look ($ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
 ) -> None:
@@ -166,8 +167,8 @@ def calibrate(
             raise ArxtuneError(f"unknown --export {export!r}; use csv or table")
         loaded = load_run(run)
         target = check_writable_file(out or loaded.path / "thresholds.json", "--out")
-        thresholds = calibrate_run(loaded, baseline=baseline, margin=margin, mode=mode)
-        typer.echo(f"thresholds: {thresholds.save(target)}")
+        thresholds = calibrate_run(loaded, baseline=baseline, margin=margin, mode=mode, view=view)
+        typer.echo(f"thresholds: {thresholds.save(target)} (from the {thresholds.provenance['view']} timing view)")
         if install:
             typer.echo(f"installed:  {thresholds.save(default_thresholds_path())}")
         if export == "csv":
@@ -178,6 +179,36 @@ def calibrate(
             Console().print(thresholds_table(thresholds))
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
+
+
+@app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="A run directory."),
+    run_b: Path = typer.Argument(..., help="Another run of the same grid."),
+    baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the runs')."),
+    margin: float = typer.Option(0.05, help="Margin of the decision rule, as in calibrate."),
+    tolerance: float = typer.Option(0.05, help="Different choices still agree when their pooled medians are within this fraction."),
+    min_agreement: float = typer.Option(0.0, help="Exit 1 when the fraction of points that agree is below this, e.g. 0.95."),
+    points: bool = typer.Option(True, help="Print the per-point table."),
+) -> None:
+    """Whether two runs choose the same backend at each point, and what one run's choice costs by the other's medians.
+
+    Example: arxtune compare results/RUN1 results/RUN2 --min-agreement 0.95
+    """
+    from .compare import compare_runs
+    from .report import comparison_table, console
+    from .results import load_run
+
+    try:
+        comparison = compare_runs(load_run(run_a), load_run(run_b), baseline=baseline, margin=margin, tolerance=tolerance)
+    except ArxtuneError as exc:
+        _fail(exc)
+    if points:
+        console().print(comparison_table(comparison))
+    typer.echo(comparison.summary())
+    if comparison.agreement < min_agreement:
+        typer.echo(f"arxtune: agreement {comparison.agreement:.1%} is below --min-agreement {min_agreement:.1%}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -14,7 +14,7 @@ from .errors import ArxtuneError
 from .fileio import read_text
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-MODES = ("eager", "graph")
+MODES = ("eager", "isolated", "graph")
 #: Largest size a sweep may ask for: input and output of a rank must both fit on one device.
 MAX_BYTES_LIMIT = 16 << 30
 #: Most sizes on one grid; a step factor barely above 1 would otherwise ask for millions.
@@ -55,12 +55,15 @@ class SweepConfig:
     """Largest size, inclusive."""
     step_factor: float = 2.0
     """Ratio between consecutive sizes on the geometric grid."""
-    modes: tuple[str, ...] = ("eager", "graph")
-    """Timing modes; graph (CUDA graphs) applies only to CUDA tensors and capturable backends."""
+    modes: tuple[str, ...] = ("eager", "isolated", "graph")
+    """Timing views (timing.py): eager (back-to-back calls), isolated (one call, host cost included;
+    CUDA only, as CPU calls are synchronous) and graph (CUDA graphs, capturable backends only)."""
     warmup_iters: int = 5
     """Untimed calls before timing each point."""
+    rounds: int = 5
+    """Timing rounds per point, interleaved across backends; intervals come from the spread across rounds."""
     min_iters: int = 10
-    """Fewest timed samples per point."""
+    """Fewest timed samples per point (over all rounds)."""
     max_iters: int = 2000
     """Most timed samples per point."""
     point_budget_s: float = 0.25
@@ -96,6 +99,8 @@ class SweepConfig:
         sizes = math.log(self.max_bytes / self.min_bytes) / math.log(self.step_factor) + 1
         if sizes > MAX_GRID_SIZES:
             raise ArxtuneError(f"step_factor {self.step_factor} gives {sizes:.0f} sizes (at most {MAX_GRID_SIZES}); use a larger step_factor")
+        if self.rounds < 1:
+            raise ArxtuneError("rounds must be at least 1 (5 or more gives intervals from the spread across rounds)")
         if not (1 <= self.min_iters <= self.max_iters):
             raise ArxtuneError("need 1 <= min_iters <= max_iters")
         if not all(math.isfinite(v) and v > 0 for v in (self.point_budget_s, self.timeout_s)) or self.warmup_iters < 0:
@@ -121,7 +126,7 @@ _SIZE_FIELDS = {"min_bytes", "max_bytes"}
 #: field -> (accepted Python types, what to write instead); lists and sizes are handled above these.
 _TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, float), "a number"),
           "timeout_s": ((int, float), "a number"), "warmup_iters": ((int,), "a whole number"),
-          "min_iters": ((int,), "a whole number"), "max_iters": ((int,), "a whole number"),
+          "min_iters": ((int,), "a whole number"), "max_iters": ((int,), "a whole number"), "rounds": ((int,), "a whole number"),
           "baseline": ((str, type(None)), "a backend name"), "out": ((str,), "a directory path"),
           "backend_options": ((dict,), "a table of per-backend tables")}
 

@@ -3,10 +3,14 @@
 points.csv gets one line per measured point, flushed as soon as the point is
 done, so an interrupted sweep keeps every finished point and `--resume`
 continues it. Raw per-iteration samples (max across ranks) are stored, not
-only summaries; summaries are derived on load.
+only summaries, with the number of samples each timing round contributed
+(`round_iters`); summaries are derived on load.
 
 Format history:
-- version 1: meta.json + points.csv with the columns in POINT_COLUMNS.
+- version 1: meta.json + points.csv; one block of samples per point.
+- version 2: points.csv gains `round_iters`: samples come in rounds
+  interleaved across backends, and intervals come from the spread across
+  rounds. Version 1 runs are refused (their intervals are not comparable).
 """
 
 from __future__ import annotations
@@ -23,21 +27,21 @@ from pathlib import Path
 import pandas as pd
 
 from .collectives import DTYPES, OP_SPECS
+from .config import MODES
 from .errors import ArxtuneError, FormatError
 from .fileio import ensure_dir, read_text, write_text_atomic
 from .stats import bandwidths, summarize
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 META_FILE = "meta.json"
 POINTS_FILE = "points.csv"
-POINT_COLUMNS = ["backend", "op", "dtype", "mode", "size", "nbytes", "world_size", "status", "iters", "samples_us", "error"]
+POINT_COLUMNS = ["backend", "op", "dtype", "mode", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
 STATUSES = ("ok", "wrong", "error", "unsupported")
-MODES = ("eager", "graph")
 #: points.csv of the largest sweeps stays far below this.
 POINTS_FILE_LIMIT = 1 << 30
 log = logging.getLogger("arxtune")
-SUMMARY_COLUMNS = ["median_us", "p10_us", "p90_us", "ci_low_us", "ci_high_us", "unstable", "algbw_gbps", "busbw_gbps"]
-FRAME_COLUMNS = [c for c in POINT_COLUMNS if c != "samples_us"] + SUMMARY_COLUMNS
+SUMMARY_COLUMNS = ["rounds", "median_us", "p10_us", "p90_us", "p99_us", "ci_low_us", "ci_high_us", "unstable", "algbw_gbps", "busbw_gbps"]
+FRAME_COLUMNS = [c for c in POINT_COLUMNS if c not in ("samples_us", "round_iters")] + SUMMARY_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,9 @@ class PointRecord:
     nbytes: int  # the bytes actually moved (rounded to whole elements per rank)
     world_size: int
     status: str  # ok | wrong (failed the check) | error (raised) | unsupported
-    samples_us: tuple[float, ...] = ()
+    samples_us: tuple[float, ...] = ()  # every round's samples, in order
     error: str = ""
+    round_iters: tuple[int, ...] = ()  # samples per round; sums to len(samples_us)
 
     @property
     def key(self) -> tuple:
@@ -61,7 +66,8 @@ class PointRecord:
 
     def to_row(self) -> list:
         return [self.backend, self.op, self.dtype, self.mode, self.size, self.nbytes, self.world_size,
-                self.status, len(self.samples_us), " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split())]
+                self.status, len(self.samples_us), " ".join(map(str, self.round_iters)),
+                " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split())]
 
 
 @dataclass
@@ -91,7 +97,8 @@ class RunMeta:
             raise FormatError(f"{source}: meta.json must hold an object, not {type(data).__name__}; the run is corrupt")
         version = data.get("version")
         if version != FORMAT_VERSION:
-            raise FormatError(f"{source}: results format version {version!r} is not supported (this arxtune reads {FORMAT_VERSION}); re-run the sweep or upgrade arxtune")
+            raise FormatError(f"{source}: results format version {version!r} is not supported (this arxtune reads {FORMAT_VERSION}, "
+                              "samples timed in interleaved rounds); re-run the sweep with this arxtune")
         try:
             meta = cls(**data)
         except TypeError as exc:
@@ -152,10 +159,14 @@ class RunWriter:
         return cls(run.path, run.meta, {record.key: record for record in run.records})
 
     def append(self, record: PointRecord) -> None:
-        self._csv.writerow(record.to_row())
+        self.append_group([record])
+
+    def append_group(self, records: list[PointRecord]) -> None:
+        """The backends timed together at one point, written and flushed at once."""
+        self._csv.writerows(record.to_row() for record in records)
         self._file.flush()
         os.fsync(self._file.fileno())
-        self.done[record.key] = record
+        self.done.update((record.key, record) for record in records)
 
     def write_meta(self) -> None:
         _write_json_atomic(self.path / META_FILE, asdict(self.meta))
@@ -196,6 +207,8 @@ def _row_problem(record: PointRecord, iters: int, meta: RunMeta) -> str:
         return f"world size {record.world_size} in a run of world size {meta.world_size}"
     if iters != len(record.samples_us) or (record.status == "ok") != bool(record.samples_us):
         return "sample count does not match"
+    if record.round_iters and (sum(record.round_iters) != iters or min(record.round_iters) < 1):
+        return "round sizes do not add up to the sample count"
     if not all(math.isfinite(s) and s > 0 for s in record.samples_us):
         return "samples must be positive, finite times"
     return ""
@@ -206,8 +219,9 @@ def _parse_row(row: list[str], where: str, meta: RunMeta) -> PointRecord:
     if len(row) != len(POINT_COLUMNS):
         raise FormatError(f"{where}: {len(row)} fields, expected {len(POINT_COLUMNS)}; the run is corrupt")
     try:
-        backend, op, dtype, mode, size, nbytes, world, status, iters, samples, error = row
-        record = PointRecord(backend, op, dtype, mode, int(size), int(nbytes), int(world), status, _parse_samples(samples), error)
+        backend, op, dtype, mode, size, nbytes, world, status, iters, round_iters, samples, error = row
+        record = PointRecord(backend, op, dtype, mode, int(size), int(nbytes), int(world), status, _parse_samples(samples), error,
+                             tuple(int(v) for v in round_iters.split()))
         problem = _row_problem(record, int(iters), meta)
     except ValueError as exc:
         raise FormatError(f"{where}: {exc}; the run is corrupt") from None
@@ -272,12 +286,12 @@ def resumable(path: str | Path) -> Run:
 def points_frame(records: list[PointRecord]) -> pd.DataFrame:
     rows = []
     for r in records:
-        row = {k: v for k, v in asdict(r).items() if k != "samples_us"}
+        row = {k: v for k, v in asdict(r).items() if k not in ("samples_us", "round_iters")}
         row["iters"] = len(r.samples_us)
         if r.status == "ok" and r.samples_us:
-            s = summarize(r.samples_us)
+            s = summarize(r.samples_us, r.round_iters)
             algbw, busbw = bandwidths(r.nbytes, s.median_us * 1e-6, OP_SPECS[r.op].bus_factor(r.world_size))
-            row.update(median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, ci_low_us=s.ci_low_us,
-                       ci_high_us=s.ci_high_us, unstable=s.unstable, algbw_gbps=algbw, busbw_gbps=busbw)
+            row.update(rounds=s.rounds, median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, p99_us=s.p99_us,
+                       ci_low_us=s.ci_low_us, ci_high_us=s.ci_high_us, unstable=s.unstable, algbw_gbps=algbw, busbw_gbps=busbw)
         rows.append(row)
     return pd.DataFrame(rows, columns=FRAME_COLUMNS)

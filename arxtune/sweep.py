@@ -1,9 +1,10 @@
 """The harness: every rank runs this under torchrun; only rank 0 writes.
 
-Per point: check the result against an exact reference, warm up, choose the
-iteration count from a short estimate so sampling fits the point's budget,
-then time each iteration with all ranks released together by a barrier and
-keep the slowest rank's time per iteration.
+Per point (op, dtype, mode, size) every backend is checked against an exact
+reference and warmed up, its iteration count chosen from a short estimate so
+sampling fits the point's budget; then the backends are timed in interleaved
+rounds, each sample with all ranks released together by a barrier, keeping
+the slowest rank's time per sample.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import secrets
 import shlex
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -27,9 +29,11 @@ from .collectives import DTYPES, OP_SPECS, elements_per_rank, expected_output, m
 from .config import SweepConfig, format_bytes, from_mapping
 from .errors import ArxtuneError
 from .results import PointRecord, RunExists, RunMeta, RunWriter, load_run
-from .timing import make_timer
+from .timing import Timer, has_timer, make_timer
 
 ESTIMATE_CALLS = 3
+#: Fewest samples a backend contributes to one round.
+MIN_ITERS_PER_ROUND = 3
 log = logging.getLogger("arxtune")
 
 
@@ -113,21 +117,59 @@ def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
         return None
 
 
-def plan_points(config: SweepConfig, ready: dict[str, Backend], device: torch.device) -> list[Point]:
+@dataclass(frozen=True)
+class PointGroup:
+    """The backends timed together at one (op, dtype, mode, size): the unit of rounds and of resume."""
+
+    op: str
+    dtype: str
+    mode: str
+    size: int
+    backends: tuple[str, ...]
+
+    def points(self) -> list[Point]:
+        return [Point(name, self.op, self.dtype, self.mode, self.size) for name in self.backends]
+
+
+def plan_points(config: SweepConfig, ready: dict[str, Backend], device: torch.device) -> list[PointGroup]:
+    """One group per (mode, op, dtype, size), holding every ready backend that can run it."""
     sizes = size_grid(config.min_bytes, config.max_bytes, config.step_factor)
-    points = []
-    for name, backend in ready.items():
-        for mode in config.modes:
-            if mode == "graph" and (device.type != "cuda" or not backend.capturable):
+    groups = []
+    for mode in config.modes:
+        if not has_timer(device, mode):
+            continue
+        for op in config.ops:
+            names = tuple(name for name, backend in ready.items() if op in getattr(backend, "ops", OPS)
+                          and (mode != "graph" or backend.capturable))
+            if not names:
                 continue
-            for op in [o for o in config.ops if o in getattr(backend, "ops", OPS)]:
-                for dtype in config.dtypes:
-                    points.extend(Point(name, op, dtype, mode, size) for size in sizes)
-    return points
+            for dtype in config.dtypes:
+                groups.extend(PointGroup(op, dtype, mode, size, names) for size in sizes)
+    return groups
+
+
+@dataclass
+class _Timed:
+    """One backend's state while its point is timed in rounds."""
+
+    point: Point
+    nbytes: int
+    op: Callable[[], None]
+    out: torch.Tensor
+    expected: torch.Tensor
+    timer: Timer
+    iters_per_round: int = 0
+    samples: list[float] = field(default_factory=list)
+    round_iters: list[int] = field(default_factory=list)
 
 
 class PointRunner:
-    """Measures one point on every rank; returns the same PointRecord everywhere."""
+    """Measures one group of backends at one point on every rank; returns the same records everywhere.
+
+    Each backend is checked and warmed up, then all are timed in `rounds`
+    rounds; within a round the backends take turns, in reversed order every
+    other round, so slow drift (other load, clocks) falls on all of them alike.
+    """
 
     def __init__(self, config: SweepConfig, ctx: GroupContext):
         self.config = config
@@ -147,8 +189,19 @@ class PointRunner:
         return PointRecord(*point.key, nbytes=nbytes, world_size=self.ctx.world_size, status=status,
                            error="; ".join(m for _, m in failed))
 
-    def measure(self, point: Point, backend: Backend) -> PointRecord:
-        ctx = self.ctx
+    def _guard(self, point: Point, nbytes: int, work: Callable[[], None]) -> PointRecord | None:
+        """Run `work` on every rank; any rank's exception becomes the same error record everywhere."""
+        try:
+            work()
+            self._sync()
+            local = ("ok", "")
+        except Exception as exc:  # a backend failure becomes data, not a crash
+            local = ("error", f"{type(exc).__name__}: {exc}")
+        return self._agree_outcome(point, nbytes, local)
+
+    def _prepare(self, point: Point, backend: Backend) -> _Timed | PointRecord:
+        """Check the result, warm up and size the rounds; a failure record if the backend cannot be timed here."""
+        ctx, config = self.ctx, self.config
         dtype = DTYPES[point.dtype]
         spec = OP_SPECS[point.op]
         n = elements_per_rank(point.op, point.size, ctx.world_size, dtype.itemsize)
@@ -158,65 +211,87 @@ class PointRunner:
                                error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
         inp = make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device)
         out = torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device)
-        expected = expected_output(point.op, n, ctx.rank, ctx.world_size, dtype)
         call = getattr(backend, point.op)
-
-        def op() -> None:
-            call(inp, out)
-
-        def check() -> tuple[str, str]:
-            try:
-                op()
-                self._sync()
-            except Exception as exc:  # a backend failure becomes data, not a crash
-                return "error", f"{type(exc).__name__}: {exc}"
-            wrong = mismatch(out, expected)
-            return ("wrong", wrong) if wrong else ("ok", "")
-
-        failure = self._agree_outcome(point, nbytes, check())
+        timed = _Timed(point, nbytes, lambda: call(inp, out), out, expected_output(point.op, n, ctx.rank, ctx.world_size, dtype),
+                       make_timer(ctx.device, point.mode))
+        failure = self._guard(point, nbytes, timed.op)
         if failure:
             return failure
-
-        def clear() -> None:
-            out.zero_()
-            self._sync()
-
-        try:
-            samples = self._sample(op, point.mode, clear)
-            self._sync()
-        except Exception as exc:
-            failure = PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="error",
-                                  error=f"rank {ctx.rank}: {type(exc).__name__}: {exc}")
-            return distributed.gather_objects(failure, ctx.cpu_group)[0]
-        # The timed calls themselves (replays, in graph mode) must have produced the right result.
-        wrong = mismatch(out, expected)
-        failure = self._agree_outcome(point, nbytes, ("wrong", f"after timing: {wrong}") if wrong else ("ok", ""))
+        wrong = mismatch(out, timed.expected)
+        failure = self._agree_outcome(point, nbytes, ("wrong", wrong) if wrong else ("ok", ""))
         if failure:
             return failure
-        return PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="ok", samples_us=tuple(samples))
+        estimate: list[float] = []
 
-    def _sample(self, op, mode: str, clear) -> list[float]:
-        """Warm up, estimate, then time; `clear` runs just before the timed loop so its output can be checked."""
-        ctx, config = self.ctx, self.config
-        timer = make_timer(ctx.device, mode)
-        for _ in range(config.warmup_iters):
-            op()
+        def warm_up() -> None:
+            for _ in range(config.warmup_iters):
+                timed.op()
+            self._sync()
+            timed.timer.prepare(timed.op)
+            for _ in range(ESTIMATE_CALLS):
+                dist.barrier(group=ctx.cpu_group)
+                estimate.append(timed.timer.time_once(timed.op))
+
+        failure = self._guard(point, nbytes, warm_up)
+        if failure:
+            return failure
+        per_sample_s = distributed.all_max(sorted(estimate)[ESTIMATE_CALLS // 2], ctx.cpu_group) * 1e-6 * timed.timer.ops_per_sample
+        barrier_s = 50e-6  # rough cost of the per-sample barrier, so tiny ops do not overrun the budget
+        iters = max(config.min_iters, min(config.max_iters, int(config.point_budget_s / (per_sample_s + barrier_s))))
+        timed.iters_per_round = max(MIN_ITERS_PER_ROUND, -(-iters // config.rounds))
+        timed.out.zero_()  # the timed calls must write the result again: checked after the last round
         self._sync()
-        timer.prepare(op)
-        estimate = []
-        for _ in range(ESTIMATE_CALLS):
-            dist.barrier(group=ctx.cpu_group)
-            estimate.append(timer.time_once(op))
-        per_call_s = distributed.all_max(sorted(estimate)[ESTIMATE_CALLS // 2], ctx.cpu_group) * 1e-6
-        barrier_s = 50e-6  # rough cost of the per-iteration barrier, so tiny ops do not overrun the budget
-        iters = int(config.point_budget_s / (per_call_s + barrier_s))
-        iters = max(config.min_iters, min(config.max_iters, iters))
-        clear()
-        samples = []
-        for _ in range(iters):
-            dist.barrier(group=ctx.cpu_group)
-            samples.append(timer.time_once(op))
-        return distributed.max_per_iteration(samples, ctx.cpu_group)
+        return timed
+
+    def _round(self, timed: _Timed) -> PointRecord | None:
+        """One round of one backend: barrier-aligned samples, slowest rank per sample."""
+        ctx = self.ctx
+        local: list[float] = []
+
+        def sample() -> None:
+            for _ in range(timed.iters_per_round):
+                dist.barrier(group=ctx.cpu_group)
+                local.append(timed.timer.time_once(timed.op))
+
+        failure = self._guard(timed.point, timed.nbytes, sample)
+        if failure:
+            return failure
+        timed.samples.extend(distributed.max_per_iteration(local, ctx.cpu_group))
+        timed.round_iters.append(len(local))
+        return None
+
+    def _finish(self, timed: _Timed) -> PointRecord:
+        wrong = mismatch(timed.out, timed.expected)
+        failure = self._agree_outcome(timed.point, timed.nbytes, ("wrong", f"after timing: {wrong}") if wrong else ("ok", ""))
+        if failure:
+            return failure
+        return PointRecord(*timed.point.key, nbytes=timed.nbytes, world_size=self.ctx.world_size, status="ok",
+                           samples_us=tuple(timed.samples), round_iters=tuple(timed.round_iters))
+
+    def measure_group(self, group: PointGroup, ready: dict[str, Backend]) -> list[PointRecord]:
+        records: dict[str, PointRecord] = {}
+        active: list[_Timed] = []
+        for point in group.points():
+            prepared = self._prepare(point, ready[point.backend])
+            if isinstance(prepared, PointRecord):
+                records[point.backend] = prepared
+            else:
+                active.append(prepared)
+        for round_no in range(self.config.rounds):
+            for timed in (active if round_no % 2 == 0 else active[::-1]):
+                if timed.point.backend not in records:
+                    failure = self._round(timed)
+                    if failure:
+                        records[timed.point.backend] = failure
+        for timed in active:
+            if timed.point.backend not in records:
+                records[timed.point.backend] = self._finish(timed)
+        return [records[name] for name in group.backends]
+
+    def measure(self, point: Point, backend: Backend) -> PointRecord:
+        """One backend alone at one point (still in rounds)."""
+        group = PointGroup(point.op, point.dtype, point.mode, point.size, (point.backend,))
+        return self.measure_group(group, {point.backend: backend})[0]
 
 
 def _progress(enabled: bool, total: int):
@@ -304,16 +379,17 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
             writer.meta.fabric_floor_us = fabric_floor_us(ready)
             writer.meta.backends = status
             writer.write_meta()
-        points = [p for p in plan_points(config, ready, ctx.device) if p.key not in done]
+        # A group is done once every backend's record is there; a group cut short is timed again in full.
+        groups = [g for g in plan_points(config, ready, ctx.device) if not all(p.key in done for p in g.points())]
         runner = PointRunner(config, ctx)
-        with _progress(writer is not None and progress, len(points)) as bar:
-            task = bar.add_task("", total=len(points)) if bar else None
-            for point in points:
+        with _progress(writer is not None and progress, len(groups)) as bar:
+            task = bar.add_task("", total=len(groups)) if bar else None
+            for group in groups:
                 if bar:
-                    bar.update(task, description=f"{point.backend} {point.op} {point.dtype} {format_bytes(point.size)} {point.mode}")
-                record = runner.measure(point, ready[point.backend])
+                    bar.update(task, description=f"{group.op} {group.dtype} {format_bytes(group.size)} {group.mode}")
+                records = runner.measure_group(group, ready)
                 if writer:
-                    writer.append(record)
+                    writer.append_group([r for r in records if r.key not in done])
                 if bar:
                     bar.advance(task)
         if writer:

@@ -1,8 +1,14 @@
-"""How one collective call is timed; the harness picks a timer per device and mode.
+"""How collective calls are timed; the harness picks a timer per device and mode.
 
-Each timer runs `op` once per sample and returns microseconds per op. The CPU
-timer waits for the device itself; the CUDA timers use events (eager) or
-graph replays divided by the ops captured per graph (graph mode).
+Each timer runs `op` one or more times per sample and returns microseconds
+per op. Three views of the same call:
+- `eager`: back-to-back calls between two events, divided by their count
+  (nccl-tests' definition: what a stream of launches sustains). On CPU tensors
+  a call is synchronous, so one call between two clock reads is that view.
+- `isolated`: one call between two events, synchronised before and after:
+  host launch and framework overhead included (CUDA only).
+- `graph`: replays of a CUDA graph holding many calls, divided by their count;
+  enough calls per graph that the replay's own launch stays small.
 """
 
 from __future__ import annotations
@@ -14,9 +20,16 @@ import torch
 
 Op = Callable[[], None]
 
+#: Calls per eager sample on CUDA, as nccl-tests' default `-n 20`.
+EAGER_OPS_PER_SAMPLE = 20
+#: Calls per captured graph: a replay's launch (a few us) is then under 5% of even a 1 us op.
+GRAPH_OPS_PER_SAMPLE = 100
+
 
 class Timer(Protocol):
     mode: str
+    #: Calls per sample; the harness budgets samples with it.
+    ops_per_sample: int
 
     def prepare(self, op: Op) -> None:
         """One-time work before timing (graph capture)."""
@@ -31,6 +44,7 @@ class WallTimer:
     """perf_counter around one call; for CPU tensors, where the call is synchronous."""
 
     mode = "eager"
+    ops_per_sample = 1
 
     def prepare(self, op: Op) -> None:
         pass
@@ -41,11 +55,7 @@ class WallTimer:
         return (time.perf_counter_ns() - start) / 1e3
 
 
-class CudaEventTimer:
-    """CUDA events around one call on the current stream: device time, launch included."""
-
-    mode = "eager"
-
+class _CudaEvents:
     def __init__(self) -> None:
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
@@ -53,24 +63,51 @@ class CudaEventTimer:
     def prepare(self, op: Op) -> None:
         pass
 
-    def time_once(self, op: Op) -> float:
-        self.start.record()
-        op()
-        self.end.record()
+    def _elapsed_us(self) -> float:
         self.end.synchronize()
         return self.start.elapsed_time(self.end) * 1e3
 
 
-class CudaGraphTimer:
-    """Capture `ops_per_graph` calls in one CUDA graph; a sample is one replay divided by that count."""
+class CudaBackToBackTimer(_CudaEvents):
+    """Events around `ops_per_sample` calls launched back to back: per-op time of a stream of calls."""
+
+    mode = "eager"
+
+    def __init__(self, ops_per_sample: int = EAGER_OPS_PER_SAMPLE) -> None:
+        super().__init__()
+        self.ops_per_sample = ops_per_sample
+
+    def time_once(self, op: Op) -> float:
+        self.start.record()
+        for _ in range(self.ops_per_sample):
+            op()
+        self.end.record()
+        return self._elapsed_us() / self.ops_per_sample
+
+
+class CudaIsolatedTimer(_CudaEvents):
+    """Events around one call on an idle stream: host launch and framework overhead included."""
+
+    mode = "isolated"
+    ops_per_sample = 1
+
+    def time_once(self, op: Op) -> float:
+        torch.cuda.current_stream().synchronize()
+        self.start.record()
+        op()
+        self.end.record()
+        return self._elapsed_us()
+
+
+class CudaGraphTimer(_CudaEvents):
+    """Capture `ops_per_sample` calls in one CUDA graph; a sample is one replay divided by that count."""
 
     mode = "graph"
 
-    def __init__(self, ops_per_graph: int = 10) -> None:
-        self.ops_per_graph = ops_per_graph
+    def __init__(self, ops_per_sample: int = GRAPH_OPS_PER_SAMPLE) -> None:
+        super().__init__()
+        self.ops_per_sample = ops_per_sample
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
 
     def prepare(self, op: Op) -> None:
         side = torch.cuda.Stream()
@@ -81,7 +118,7 @@ class CudaGraphTimer:
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            for _ in range(self.ops_per_graph):
+            for _ in range(self.ops_per_sample):
                 op()
         torch.cuda.synchronize()
 
@@ -90,16 +127,21 @@ class CudaGraphTimer:
         self.start.record()
         self.graph.replay()
         self.end.record()
-        self.end.synchronize()
-        return self.start.elapsed_time(self.end) * 1e3 / self.ops_per_graph
+        return self._elapsed_us() / self.ops_per_sample
 
 
-#: (device type, mode) -> timer; graph mode exists only for CUDA tensors.
+#: (device type, mode) -> timer. A mode with no timer for the device is not planned
+#: (isolated equals eager for synchronous CPU calls; graphs need CUDA).
 TIMERS: dict[tuple[str, str], type] = {
     ("cpu", "eager"): WallTimer,
-    ("cuda", "eager"): CudaEventTimer,
+    ("cuda", "eager"): CudaBackToBackTimer,
+    ("cuda", "isolated"): CudaIsolatedTimer,
     ("cuda", "graph"): CudaGraphTimer,
 }
+
+
+def has_timer(device: torch.device, mode: str) -> bool:
+    return (device.type, mode) in TIMERS
 
 
 def make_timer(device: torch.device, mode: str) -> Timer:

@@ -15,7 +15,7 @@ from arxtune.communicator import read_thresholds
 from arxtune.config import load_config
 from arxtune.errors import ArxtuneError
 from arxtune.fileio import read_text, write_text_atomic
-from arxtune.results import POINTS_FILE
+from arxtune.results import POINT_COLUMNS, POINTS_FILE
 
 runner = CliRunner()
 
@@ -128,9 +128,9 @@ def test_corrupt_runs_are_one_line_for_every_command(crossover_run, damage, need
     else:
         lines = (path / POINTS_FILE).read_text().splitlines()
         fields = lines[3].split(",")
-        samples = fields[9].split()
+        samples = fields[POINT_COLUMNS.index("samples_us")].split()
         samples[7] = "nan" if damage == "nan sample" else "0.000"
-        fields[9] = " ".join(samples)
+        fields[POINT_COLUMNS.index("samples_us")] = " ".join(samples)
         lines[3] = ",".join(fields)
         (path / POINTS_FILE).write_text("\n".join(lines) + "\n")
     before = _snapshot(path)

@@ -44,8 +44,8 @@ def test_overlapping_intervals_keep_the_baseline(tmp_path):
 
 
 def test_a_wrong_result_never_wins(tmp_path):
-    run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 10.0, [1024, 2048, 4096],
-                   statuses={("fast", 2048): "wrong"})
+    run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 10.0, [1024, 2048, 4096, 8192, 16384],
+                   statuses={("fast", 4096): "wrong"})
     ranges = [r for r in calibrate(run).tables[0].ranges if r.source == "measured"]
     assert [r.backend for r in ranges] == ["fast", "gloo", "fast"]
 

@@ -4,10 +4,12 @@ import os
 import pytest
 
 from arxtune.errors import ArxtuneError, FormatError
-from arxtune.results import POINTS_FILE, PointRecord, RunExists, RunMeta, RunWriter, load_run
+from arxtune.results import POINT_COLUMNS, POINTS_FILE, PointRecord, RunExists, RunMeta, RunWriter, load_run
 from arxtune.sweep import new_run_id
 
 from helpers.runs import make_run
+
+ITERS, ROUNDS, SAMPLES = (POINT_COLUMNS.index(c) for c in ("iters", "round_iters", "samples_us"))
 
 
 def _meta(run_id="r1"):
@@ -104,7 +106,7 @@ def test_unknown_version_is_one_clear_error(tmp_path):
     (",2048,2048,->,-2048,-2048,", "points.csv:3: sizes must be positive"),
     (",2,ok,->,3,ok,", "points.csv:3: world size 3"),
     ("gloo,->ghost,", "points.csv:3: backend 'ghost'"),
-    ("fields", "points.csv:3: 10 fields"),
+    ("fields", f"points.csv:3: {len(POINT_COLUMNS) - 1} fields"),
     ("samples nan", "points.csv:3: samples must be positive"),
     ("samples inf", "points.csv:3: samples must be positive"),
     ("samples 0", "points.csv:3: samples must be positive"),
@@ -126,10 +128,10 @@ def test_corrupt_points_are_rejected_naming_the_line(tmp_path, damage, needle):
     elif damage == "fields":
         lines[2] = ",".join(fields[:-1])
     elif damage.startswith("samples "):
-        fields[9] = fields[9].replace(fields[9].split()[5], damage.split()[1], 1)
+        fields[SAMPLES] = fields[SAMPLES].replace(fields[SAMPLES].split()[5], damage.split()[1], 1)
         lines[2] = ",".join(fields)
     elif damage == "ok without samples":
-        fields[8], fields[9] = "0", ""
+        fields[ITERS], fields[ROUNDS], fields[SAMPLES] = "0", "", ""
         lines[2] = ",".join(fields)
     else:
         lines[3] = lines[2]
@@ -176,3 +178,23 @@ def test_unreadable_run_files_are_one_error_and_never_block(tmp_path, kind):
 def test_not_a_run(tmp_path):
     with pytest.raises(FormatError, match="not an arxtune run"):
         load_run(tmp_path)
+
+
+def test_rounds_round_trip_and_feed_the_interval(tmp_path):
+    writer = RunWriter.create(tmp_path, _meta())
+    record = PointRecord("gloo", "all_reduce", "float32", "eager", 1024, 1024, 2, "ok", (1.0, 1.0, 3.0, 3.0), "", (2, 2))
+    writer.append_group([record, PointRecord("x", "all_reduce", "float32", "eager", 1024, 1024, 2, "error", (), "boom")])
+    writer.close()
+    run = load_run(tmp_path / "r1")
+    assert run.records[0] == record and run.records[0].round_iters == (2, 2)
+    row = run.frame().iloc[0]
+    assert row.rounds == 2 and (row.ci_low_us, row.ci_high_us) == (1.0, 3.0)
+
+
+def test_a_version_1_run_is_refused_with_what_to_do(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    meta = json.loads((run.path / "meta.json").read_text())
+    meta["version"] = 1
+    (run.path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(FormatError, match="version 1 is not supported.*re-run the sweep"):
+        load_run(run.path)

@@ -42,3 +42,27 @@ def test_empty_samples_raise():
 def test_bandwidths():
     algbw, busbw = bandwidths(1_000_000, 1e-3, 1.5)
     assert algbw == pytest.approx(1.0) and busbw == pytest.approx(1.5)
+
+
+def test_interval_is_the_spread_of_round_medians():
+    rounds = [np.full(20, 10.0), np.full(20, 12.0), np.full(20, 11.0)]
+    s = summarize(np.concatenate(rounds), (20, 20, 20))
+    assert s.rounds == 3 and (s.ci_low_us, s.ci_high_us) == (10.0, 12.0) and s.median_us == 11.0
+
+
+def test_drift_between_rounds_widens_the_interval_beyond_one_block():
+    rng = np.random.default_rng(3)
+    rounds = [level + rng.normal(0, 0.1, 50) for level in (10.0, 11.0, 10.0, 11.0, 10.5)]
+    pooled = summarize(np.concatenate(rounds))
+    by_round = summarize(np.concatenate(rounds), (50,) * 5)
+    assert by_round.ci_high_us - by_round.ci_low_us > 2 * (pooled.ci_high_us - pooled.ci_low_us)
+
+
+def test_p99_sits_above_p90():
+    s = summarize(np.arange(1000.0))
+    assert s.p90_us < s.p99_us == pytest.approx(989.01)
+
+
+def test_round_lengths_must_add_up():
+    with pytest.raises(ValueError, match="do not add up"):
+        summarize([1.0, 2.0, 3.0], (1, 1))

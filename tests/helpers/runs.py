@@ -14,9 +14,10 @@ def synthetic_samples(median_us: float, spread: float = 0.02, n: int = 200, seed
 
 
 def make_run(tmp_path, latency, sizes, backends=("gloo", "fast"), ops=("all_reduce",), dtypes=("float32",),
-             world=2, statuses=None, spread=0.02, run_id="fixture", n=200, finished=True, graph_latency=None):
+             world=2, statuses=None, spread=0.02, run_id="fixture", n=200, rounds=5, finished=True, graph_latency=None):
     """A run whose medians follow latency(backend, nbytes); statuses maps (backend, nbytes) -> status.
 
+    Each point's n samples are stored as `rounds` equal rounds (the remainder in the last).
     graph_latency, when given, adds the same points in graph mode with those medians.
     """
     meta = RunMeta(run_id=run_id, world_size=world, device_type="cpu", config={"step_factor": 2.0}, baseline="gloo",
@@ -33,8 +34,9 @@ def make_run(tmp_path, latency, sizes, backends=("gloo", "fast"), ops=("all_redu
                         status = (statuses or {}).get((backend, size), "ok")
                         seed += 1
                         samples = synthetic_samples(mode_latency(backend, size), spread, n=n, seed=seed) if status == "ok" else ()
+                        round_iters = (n // rounds,) * (rounds - 1) + (n - n // rounds * (rounds - 1),) if samples else ()
                         writer.append(PointRecord(backend, op, dtype, mode, size, size, world, status, samples,
-                                                  "" if status == "ok" else "injected"))
+                                                  "" if status == "ok" else "injected", round_iters))
     writer.meta.finished = "2026-01-01T00:01:00+00:00" if finished else None
     writer.write_meta()
     writer.close()

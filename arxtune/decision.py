@@ -1,0 +1,63 @@
+"""The measured decision rule: which backend serves each measured size.
+
+At each size the baseline keeps the point unless a challenger beats it
+clearly: the challenger's interval (the spread of its per-round medians)
+lies wholly below the baseline's, and its pooled median beats the
+baseline's by more than `margin`. Two backends within the margin of each
+other therefore leave the baseline in place. A challenger must also win
+at least MIN_RUN consecutive measured sizes: a lone win between sizes the
+baseline keeps is taken for noise, not a crossover. Where the baseline has
+no correct result, the fastest correct backend serves.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+#: Consecutive measured sizes a challenger must win to displace the baseline.
+MIN_RUN = 2
+
+
+def size_winner(rows: pd.DataFrame, baseline: str, margin: float) -> str | None:
+    """The backend for one size by itself, before the run-length rule."""
+    if rows.empty:
+        return None
+    base = rows[rows.backend == baseline]
+    if base.empty:
+        return str(rows.loc[rows.median_us.idxmin(), "backend"])
+    b = base.iloc[0]
+    better = rows[(rows.backend != baseline) & (rows.ci_high_us < b.ci_low_us) & (rows.median_us * (1 + margin) < b.median_us)]
+    return baseline if better.empty else str(better.loc[better.median_us.idxmin(), "backend"])
+
+
+def sustained(choices: list[str], baseline: str, displaced: set[int], min_run: int = MIN_RUN) -> list[str]:
+    """Runs of one challenger shorter than `min_run` go back to the baseline (except where it had no result)."""
+    result = list(choices)
+    start = 0
+    while start < len(choices):
+        end = start
+        while end + 1 < len(choices) and choices[end + 1] == choices[start]:
+            end += 1
+        if choices[start] != baseline and end - start + 1 < min_run:
+            for i in range(start, end + 1):
+                if i not in displaced:
+                    result[i] = baseline
+        start = end + 1
+    return result
+
+
+def measured_winners(frame: pd.DataFrame, baseline: str, margin: float, min_run: int = MIN_RUN) -> list[tuple[int, str]]:
+    """(nbytes, backend) per measured size, ascending, for one (op, dtype, mode).
+
+    `frame` holds that slice's correct points with their summaries (Run.frame()).
+    """
+    sizes, choices, no_baseline = [], [], set()
+    for nbytes, rows in frame.groupby("nbytes", sort=True):
+        winner = size_winner(rows, baseline, margin)
+        if winner is None:
+            continue
+        if not (rows.backend == baseline).any():
+            no_baseline.add(len(choices))
+        sizes.append(int(nbytes))
+        choices.append(winner)
+    return list(zip(sizes, sustained(choices, baseline, no_baseline, min_run)))

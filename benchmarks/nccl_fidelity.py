@@ -1,0 +1,110 @@
+"""Does arxtune's NCCL timing agree with nccl-tests on this machine?
+
+Takes an nccl-tests build (the directory holding all_reduce_perf; this script
+builds nothing), runs all_reduce_perf eagerly and with CUDA graphs (`-G`)
+on every GPU present, runs `arxtune sweep` of the NCCL backend over the same
+sizes in its eager, isolated and graph views, and prints arxtune's median
+over nccl-tests' out-of-place time per size. nccl-tests' figure per size is
+the median over --repeats invocations. The issue's target: eager and graph
+within 5% at 8 KiB, 1 MiB and 64 MiB.
+
+  python benchmarks/nccl_fidelity.py --nccl-tests /path/to/nccl-tests/build --out /tmp/fidelity
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+TARGET_SIZES = (8 << 10, 1 << 20, 64 << 20)
+TOLERANCE = 0.05
+
+
+def parse_out_of_place_us(text: str) -> dict[int, float]:
+    """nccl-tests' table -> {bytes: out-of-place time in us}."""
+    column, times = None, {}
+    for line in text.splitlines():
+        tokens = line.lstrip("#").split()
+        if line.startswith("#") and tokens[:2] == ["size", "count"]:
+            column = tokens.index("time") if "time" in tokens else None
+        elif column is not None and tokens and tokens[0].isdigit() and len(tokens) > column:
+            times[int(tokens[0])] = float(tokens[column])
+    if not times:
+        raise SystemExit(f"no nccl-tests results in its output:\n{text[-2000:]}")
+    return times
+
+
+def run_nccl_tests(binary: Path, args, graph: bool) -> dict[int, float]:
+    command = [str(binary), "-b", args.min_bytes, "-e", args.max_bytes, "-f", "2", "-d", args.dtype, "-g", str(args.gpus),
+               "-c", "0", "-w", "5", "-n", str(args.iters)] + (["-G", str(args.graph_launches)] if graph else [])
+    runs = []
+    for _ in range(args.repeats):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if result.returncode:
+            raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        runs.append(parse_out_of_place_us(result.stdout))
+    print("nccl-tests:", " ".join(command), f"(x{args.repeats})")
+    return {size: statistics.median(run[size] for run in runs) for size in runs[0]}
+
+
+def run_arxtune(args) -> dict[tuple[str, int], float]:
+    dtype = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float": "float32", "float32": "float32", "half": "float16", "float16": "float16"}[args.dtype]
+    command = [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl", "--ops", "all_reduce", "--dtypes", dtype,
+               "--modes", "eager,isolated,graph", "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--step-factor", "2",
+               "--nproc-per-node", str(args.gpus), "--out", args.out, "--run-id", "fidelity", "--no-progress"]
+    print("arxtune:   ", " ".join(command))
+    subprocess.run(command, check=True, timeout=900)
+    from arxtune.results import load_run
+
+    frame = load_run(Path(args.out) / "fidelity").frame()
+    ok = frame[frame.status == "ok"]
+    return {(row.mode, int(row.nbytes)): float(row.median_us) for row in ok.itertuples()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nccl-tests", required=True, type=Path, help="Directory with nccl-tests' all_reduce_perf.")
+    parser.add_argument("--out", required=True, help="Directory for arxtune's run.")
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs (= ranks); default: all visible.")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--min-bytes", default="8K")
+    parser.add_argument("--max-bytes", default="64M")
+    parser.add_argument("--iters", type=int, default=20, help="nccl-tests -n (calls per timing).")
+    parser.add_argument("--graph-launches", type=int, default=10, help="nccl-tests -G.")
+    parser.add_argument("--repeats", type=int, default=3, help="nccl-tests invocations per mode; the median is compared.")
+    args = parser.parse_args()
+    binary = args.nccl_tests / "all_reduce_perf"
+    if not os.access(binary, os.X_OK):
+        raise SystemExit(f"{binary} is not an executable: pass the nccl-tests build directory with --nccl-tests")
+    if args.gpus is None:
+        import torch
+
+        args.gpus = torch.cuda.device_count()
+        if not args.gpus:
+            raise SystemExit("no GPU visible: this check needs CUDA GPUs")
+    reference = {"eager": run_nccl_tests(binary, args, graph=False), "graph": run_nccl_tests(binary, args, graph=True)}
+    ours = run_arxtune(args)
+    print(f"\nall_reduce {args.dtype}, {args.gpus} GPU(s); us = median per op; ratio = arxtune / nccl-tests out-of-place")
+    print(f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'nt graph':>9} {'ax graph':>9} {'ratio':>6} {'ax isolated':>12}")
+    misses = []
+    for size in sorted(reference["eager"]):
+        cells = []
+        for mode in ("eager", "graph"):
+            theirs, mine = reference[mode].get(size), ours.get((mode, size))
+            ratio = mine / theirs if theirs and mine else float("nan")
+            if size in TARGET_SIZES and not abs(ratio - 1) <= TOLERANCE:
+                misses.append(f"{mode} {size} B: {ratio:.3f}")
+            cells += [theirs or float("nan"), mine or float("nan"), ratio]
+        mark = " *" if size in TARGET_SIZES else ""
+        print(f"{size:>10} {cells[0]:>9.2f} {cells[1]:>9.2f} {cells[2]:>6.3f} {cells[3]:>9.2f} {cells[4]:>9.2f} {cells[5]:>6.3f} "
+              f"{ours.get(('isolated', size), float('nan')):>12.2f}{mark}")
+    print(f"* target sizes: within {TOLERANCE:.0%} -> " + ("all met" if not misses else "missed: " + "; ".join(misses)))
+    return 1 if misses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

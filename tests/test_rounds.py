@@ -1,0 +1,71 @@
+"""The harness's rounds, in one process (a world of one gloo rank): order, counts and records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from arxtune.backends import GroupContext
+from arxtune.config import SweepConfig
+from arxtune.sweep import PointGroup, PointRunner
+
+
+class LoggingBackend:
+    """A correct world-of-one all_reduce that logs which backend ran each call."""
+
+    capturable = False
+    ops = ("all_reduce",)
+
+    def __init__(self, name: str, log: list[str]):
+        self.name, self.log = name, log
+
+    def supports(self, op, dtype, nbytes):
+        return True
+
+    def all_reduce(self, inp, out):
+        self.log.append(self.name)
+        out.copy_(inp)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def solo_group():
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield GroupContext(0, 1, 0, torch.device("cpu"), dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+def _blocks(log: list[str]) -> list[str]:
+    """Consecutive runs of the same name, collapsed."""
+    return [name for i, name in enumerate(log) if i == 0 or log[i - 1] != name]
+
+
+def test_backends_take_turns_in_alternating_order(solo_group):
+    config = SweepConfig(backends=("gloo",), rounds=4, warmup_iters=1, min_iters=4, max_iters=8, point_budget_s=1e-6)
+    log: list[str] = []
+    ready = {"a": LoggingBackend("a", log), "b": LoggingBackend("b", log)}
+    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("a", "b")), ready)
+    # Check, warm-up and estimate per backend (a, then b), then rounds a b | b a | a b | b a.
+    assert _blocks(log) == ["a", "b", "a", "b", "a", "b", "a"]
+    assert [r.backend for r in records] == ["a", "b"] and {r.status for r in records} == {"ok"}
+    for record in records:
+        assert len(record.round_iters) == 4 and sum(record.round_iters) == len(record.samples_us) >= 4 * 3
+
+
+def test_a_backend_that_fails_is_recorded_and_the_others_finish(solo_group):
+    class Raises(LoggingBackend):
+        def all_reduce(self, inp, out):
+            raise RuntimeError("link down")
+
+    config = SweepConfig(backends=("gloo",), rounds=3, warmup_iters=1, min_iters=3, max_iters=3, point_budget_s=1e-6)
+    log: list[str] = []
+    ready = {"a": LoggingBackend("a", log), "bad": Raises("bad", log)}
+    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("a", "bad")), ready)
+    assert records[0].status == "ok" and len(records[0].round_iters) == 3
+    assert records[1].status == "error" and "link down" in records[1].error

@@ -238,18 +238,26 @@ def _read_points(points_path: Path, meta: RunMeta) -> tuple[list[PointRecord], s
     return records, torn
 
 
+def read_meta(path: str | Path) -> RunMeta:
+    """A run directory's meta.json alone, validated."""
+    meta_path = Path(path) / META_FILE
+    try:
+        return RunMeta.from_dict(json.loads(read_text(meta_path, "run metadata")), meta_path)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{meta_path} is not valid JSON ({exc}); the run is corrupt") from None
+    except FormatError:
+        raise
+    except ArxtuneError as exc:
+        raise FormatError(str(exc)) from None
+
+
 def load_run(path: str | Path) -> Run:
     """Read a run directory; a missing, corrupt or unknown-version run is a FormatError."""
     path = Path(path)
     meta_path, points_path = path / META_FILE, path / POINTS_FILE
     if not meta_path.is_file() or not points_path.is_file():
         raise FormatError(f"{path} is not an arxtune run (needs {META_FILE} and {POINTS_FILE}); pass a directory under results/")
-    try:
-        meta = RunMeta.from_dict(json.loads(read_text(meta_path, "run metadata")), meta_path)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{meta_path} is not valid JSON ({exc}); the run is corrupt") from None
-    except ArxtuneError as exc:
-        raise FormatError(str(exc)) from None
+    meta = read_meta(path)
     try:
         records, torn = _read_points(points_path, meta)
     except FormatError:

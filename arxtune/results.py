@@ -222,19 +222,19 @@ def _read_points(points_path: Path, meta: RunMeta) -> tuple[list[PointRecord], s
     cut = text.rfind("\n") + 1
     complete, torn = text[:cut], text[cut:]
     reader = csv.reader(io.StringIO(complete, newline=""), strict=True)
+    line = 1  # where the row being read starts: a quote left open is reported where it opened
     try:
-        header = next(reader, None)
-        if header != POINT_COLUMNS:
+        if next(reader, None) != POINT_COLUMNS:
             raise FormatError(f"{points_path} has unexpected columns; the run is corrupt or from another version")
         records, seen = [], set()
-        for row in reader:
-            record = _parse_row(row, f"{points_path}:{reader.line_num}", meta)
+        while (line := reader.line_num + 1) and (row := next(reader, None)) is not None:
+            record = _parse_row(row, f"{points_path}:{line}", meta)
             if record.key in seen:
-                raise FormatError(f"{points_path}:{reader.line_num}: point {record.key} appears twice; the run is corrupt")
+                raise FormatError(f"{points_path}:{line}: point {record.key} appears twice; the run is corrupt")
             seen.add(record.key)
             records.append(record)
     except csv.Error as exc:
-        raise FormatError(f"{points_path}:{reader.line_num}: {exc}; the run is corrupt (only a torn last line may be cut)") from None
+        raise FormatError(f"{points_path}:{line}: {exc}; the run is corrupt (only a torn last line may be cut)") from None
     return records, torn
 
 

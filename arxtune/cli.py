@@ -65,9 +65,19 @@ def _check_resume(resume: Path, config: Optional[Path], run_id: Optional[str], o
         raise ArxtuneError(f"--resume continues {resume} with its own config; drop {', '.join(changed)} or start a new sweep")
 
 
+def _unfinished(run_path: str) -> bool:
+    """Whether a run directory this node can see is there to be resumed."""
+    from .results import read_meta
+
+    try:
+        return bool(run_path) and not read_meta(run_path).finished
+    except ArxtuneError:
+        return bool(run_path)  # on another node, or damaged: still the directory to look at
+
+
 def _launch_failure(result) -> str:
     """The one line the parent prints when torchrun did not finish cleanly."""
-    resume = f"finished points are kept: continue with `arxtune sweep --resume {result.run_path}`" if result.run_path else ""
+    resume = f"finished points are kept: continue with `arxtune sweep --resume {result.run_path}`" if _unfinished(result.run_path) else ""
     if result.interrupted:
         return f"interrupted; {resume}" if resume else "interrupted before the run directory was made; nothing was written"
     if result.errors:

@@ -236,20 +236,33 @@ def _read_points(points_path: Path, meta: RunMeta) -> tuple[list[PointRecord], s
     cut = text.rfind("\n") + 1
     complete, torn = text[:cut], text[cut:]
     reader = csv.reader(io.StringIO(complete, newline=""), strict=True)
+    line = 1  # where the row being read starts: a quote left open is reported where it opened
     try:
-        header = next(reader, None)
-        if header != POINT_COLUMNS:
+        if next(reader, None) != POINT_COLUMNS:
             raise FormatError(f"{points_path} has unexpected columns; the run is corrupt or from another version")
         records, seen = [], set()
-        for row in reader:
-            record = _parse_row(row, f"{points_path}:{reader.line_num}", meta)
+        while (line := reader.line_num + 1) and (row := next(reader, None)) is not None:
+            record = _parse_row(row, f"{points_path}:{line}", meta)
             if record.key in seen:
-                raise FormatError(f"{points_path}:{reader.line_num}: point {record.key} appears twice; the run is corrupt")
+                raise FormatError(f"{points_path}:{line}: point {record.key} appears twice; the run is corrupt")
             seen.add(record.key)
             records.append(record)
     except csv.Error as exc:
-        raise FormatError(f"{points_path}:{reader.line_num}: {exc}; the run is corrupt (only a torn last line may be cut)") from None
+        raise FormatError(f"{points_path}:{line}: {exc}; the run is corrupt (only a torn last line may be cut)") from None
     return records, torn
+
+
+def read_meta(path: str | Path) -> RunMeta:
+    """A run directory's meta.json alone, validated."""
+    meta_path = Path(path) / META_FILE
+    try:
+        return RunMeta.from_dict(json.loads(read_text(meta_path, "run metadata")), meta_path)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{meta_path} is not valid JSON ({exc}); the run is corrupt") from None
+    except FormatError:
+        raise
+    except ArxtuneError as exc:
+        raise FormatError(str(exc)) from None
 
 
 def load_run(path: str | Path) -> Run:
@@ -258,12 +271,7 @@ def load_run(path: str | Path) -> Run:
     meta_path, points_path = path / META_FILE, path / POINTS_FILE
     if not meta_path.is_file() or not points_path.is_file():
         raise FormatError(f"{path} is not an arxtune run (needs {META_FILE} and {POINTS_FILE}); pass a directory under results/")
-    try:
-        meta = RunMeta.from_dict(json.loads(read_text(meta_path, "run metadata")), meta_path)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{meta_path} is not valid JSON ({exc}); the run is corrupt") from None
-    except ArxtuneError as exc:
-        raise FormatError(str(exc)) from None
+    meta = read_meta(path)
     try:
         records, torn = _read_points(points_path, meta)
     except FormatError:

@@ -288,11 +288,6 @@ class PointRunner:
                 records[timed.point.backend] = self._finish(timed)
         return [records[name] for name in group.backends]
 
-    def measure(self, point: Point, backend: Backend) -> PointRecord:
-        """One backend alone at one point (still in rounds)."""
-        group = PointGroup(point.op, point.dtype, point.mode, point.size, (point.backend,))
-        return self.measure_group(group, {point.backend: backend})[0]
-
 
 def _progress(enabled: bool, total: int):
     """A progress bar on rank 0 only; other ranks get a stand-in."""

@@ -14,6 +14,7 @@ import platform
 import secrets
 import shlex
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -221,7 +222,7 @@ class PointRunner:
         failure = self._agree_outcome(point, nbytes, ("wrong", wrong) if wrong else ("ok", ""))
         if failure:
             return failure
-        estimate: list[float] = []
+        estimate: list[float] = []  # wall seconds per sample, its barrier included
 
         def warm_up() -> None:
             for _ in range(config.warmup_iters):
@@ -229,15 +230,16 @@ class PointRunner:
             self._sync()
             timed.timer.prepare(timed.op)
             for _ in range(ESTIMATE_CALLS):
+                start = time.perf_counter()
                 dist.barrier(group=ctx.cpu_group)
-                estimate.append(timed.timer.time_once(timed.op))
+                timed.timer.time_once(timed.op)
+                estimate.append(time.perf_counter() - start)
 
         failure = self._guard(point, nbytes, warm_up)
         if failure:
             return failure
-        per_sample_s = distributed.all_max(sorted(estimate)[ESTIMATE_CALLS // 2], ctx.cpu_group) * 1e-6 * timed.timer.ops_per_sample
-        barrier_s = 50e-6  # rough cost of the per-sample barrier, so tiny ops do not overrun the budget
-        iters = max(config.min_iters, min(config.max_iters, int(config.point_budget_s / (per_sample_s + barrier_s))))
+        per_sample_s = distributed.all_max(sorted(estimate)[ESTIMATE_CALLS // 2], ctx.cpu_group)
+        iters = max(config.min_iters, min(config.max_iters, int(config.point_budget_s / per_sample_s)))
         timed.iters_per_round = max(MIN_ITERS_PER_ROUND, -(-iters // config.rounds))
         timed.out.zero_()  # the timed calls must write the result again: checked after the last round
         self._sync()
@@ -287,11 +289,6 @@ class PointRunner:
             if timed.point.backend not in records:
                 records[timed.point.backend] = self._finish(timed)
         return [records[name] for name in group.backends]
-
-    def measure(self, point: Point, backend: Backend) -> PointRecord:
-        """One backend alone at one point (still in rounds)."""
-        group = PointGroup(point.op, point.dtype, point.mode, point.size, (point.backend,))
-        return self.measure_group(group, {point.backend: backend})[0]
 
 
 def _progress(enabled: bool, total: int):

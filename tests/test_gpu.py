@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from arxtune.results import load_run
-from arxtune.timing import CudaEventTimer, CudaGraphTimer
+from arxtune.timing import CudaBackToBackTimer, CudaGraphTimer, CudaIsolatedTimer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -35,31 +35,32 @@ def _cycles_per_us() -> float:
     return 2_000_000 / (start.elapsed_time(end) * 1e3)
 
 
-def test_event_and_graph_timers_agree_on_a_known_kernel():
-    cycles = int(_cycles_per_us() * 200)  # a ~200 us kernel
-    eager, graph = CudaEventTimer(), CudaGraphTimer(ops_per_graph=10)
+def test_all_three_views_agree_on_a_known_kernel():
+    cycles = int(_cycles_per_us() * 200)  # a ~200 us kernel: launch costs vanish beside it
     op = _sleep_op(cycles)
-    graph.prepare(op)
-    eager_us = sorted(eager.time_once(op) for _ in range(21))[10]
-    graph_us = sorted(graph.time_once(op) for _ in range(21))[10]
-    assert 150 < eager_us < 300, eager_us
-    assert graph_us == pytest.approx(eager_us, rel=0.15)
+    medians = {}
+    for timer in (CudaIsolatedTimer(), CudaBackToBackTimer(ops_per_sample=5), CudaGraphTimer(ops_per_sample=5)):
+        timer.prepare(op)
+        medians[timer.mode] = sorted(timer.time_once(op) for _ in range(21))[10]
+    assert 150 < medians["isolated"] < 300, medians
+    assert medians["eager"] == pytest.approx(medians["isolated"], rel=0.15)
+    assert medians["graph"] == pytest.approx(medians["isolated"], rel=0.15)
 
 
-def test_graph_mode_hides_launch_cost_of_tiny_ops():
+def test_back_to_back_and_graphs_hide_the_launch_cost_of_tiny_ops():
     x = torch.zeros(16, device="cuda")
     op = lambda: x.add_(1)  # noqa: E731
-    eager, graph = CudaEventTimer(), CudaGraphTimer(ops_per_graph=10)
-    graph.prepare(op)
-    eager_us = sorted(eager.time_once(op) for _ in range(51))[25]
-    graph_us = sorted(graph.time_once(op) for _ in range(51))[25]
-    assert graph_us < eager_us
+    medians = {}
+    for timer in (CudaIsolatedTimer(), CudaBackToBackTimer(), CudaGraphTimer()):
+        timer.prepare(op)
+        medians[timer.mode] = sorted(timer.time_once(op) for _ in range(51))[25]
+    assert medians["graph"] < medians["eager"] < medians["isolated"], medians
 
 
 def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     result = subprocess.run(
-        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,symm_mem,symm_mem2,arx,gloo", "--modes", "eager,graph",
+        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,symm_mem,symm_mem2,arx,gloo", "--modes", "eager,isolated,graph",
          "--dtypes", "bfloat16,float32", "--min-bytes", "4KiB", "--max-bytes", "4MiB", "--step-factor", "16",
          "--point-budget-s", "0.05", "--out", str(tmp_path), "--run-id", "gpu", "--no-progress"],
         env=env, capture_output=True, text=True, timeout=600)
@@ -68,7 +69,7 @@ def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     assert run.meta.world_size == GPUS and run.meta.device_type == "cuda" and run.meta.nccl_version
     frame = run.frame()
     nccl = frame[frame.backend == "nccl"]
-    assert set(nccl.status) == {"ok"} and set(nccl["mode"]) == {"eager", "graph"}
+    assert set(nccl.status) == {"ok"} and set(nccl["mode"]) == {"eager", "isolated", "graph"}
     assert not run.meta.backends["gloo"]["available"]  # gloo times CPU tensors, not CUDA ones
     for name in ("symm_mem", "symm_mem2"):
         state = run.meta.backends[name]

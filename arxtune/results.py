@@ -71,6 +71,8 @@ class RunMeta:
     arxtune_version: str = ""
     torch_version: str = ""
     nccl_version: str | None = None
+    driver_version: str | None = None  # NVIDIA driver on rank 0's host
+    rdma_devices: list[str] = field(default_factory=list)  # RDMA devices on rank 0's host
     hostnames: list[str] = field(default_factory=list)
     device_names: list[str] = field(default_factory=list)
     backends: dict = field(default_factory=dict)  # name -> {"available": bool, "reason": str, "capturable": bool}

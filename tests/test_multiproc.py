@@ -70,7 +70,7 @@ def test_communicator_picks_per_call(tmp_path):
     worker = TESTS / "helpers" / "communicator_worker.py"
     for world in (2, 3):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env.update(PYTHONPATH=str(TESTS), ARXTUNE_EXTRA_BACKENDS=EXTRA, OMP_NUM_THREADS="1")
+        env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), ARXTUNE_EXTRA_BACKENDS=EXTRA, OMP_NUM_THREADS="1")
         result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), str(worker), str(tmp_path)],
                                 env=env, capture_output=True, text=True, timeout=240)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -98,27 +98,41 @@ def sweep(
 
 @app.command()
 def calibrate(
-    run: Path = typer.Argument(..., help="Run directory under results/."),
-    out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json)."),
-    baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the run's)."),
+    runs: list[Path] = typer.Argument(..., help="Run directories under results/ (several world sizes and modes merge into one file)."),
+    out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json for one run; needed for several)."),
+    baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the runs')."),
     margin: float = typer.Option(0.05, help="Fraction by which a backend must beat the baseline's median."),
-    mode: str = typer.Option("eager", help="Timing mode to calibrate from: eager or graph."),
+    eager_from: Optional[str] = typer.Option(None, help="Timing view the eager table comes from (default: eager, else isolated)."),
+    graph_from: str = typer.Option("graph", help="Timing view the graph table (used during CUDA-graph capture) comes from."),
+    prefer: Optional[str] = typer.Option(None, help="The run (id or directory) that wins where runs conflict."),
     export: Optional[str] = typer.Option(None, help="Also print as 'csv' (NCCL-tuner style) or 'table'."),
     install: bool = typer.Option(False, help="Also write to where deployments look ($ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
 ) -> None:
-    """Turn a run into a thresholds file (which backend wins at which size).
+    """Turn runs into one thresholds file (which backend wins at which size, per mode and world size).
 
-    Example: arxtune calibrate results/RUN --margin 0.1 --export table
+    Examples:
+
+      arxtune calibrate results/RUN --margin 0.1 --export table
+
+      arxtune calibrate results/TP2 results/TP4 results/TP8 --out thresholds.json --install
+
+      arxtune calibrate results/OLD results/NEW --prefer NEW --out thresholds.json
     """
-    from .calibrate import calibrate as calibrate_run
+    from .calibrate import DEFAULT_VIEWS, calibrate as calibrate_runs
     from .communicator import default_thresholds_path
     from .report import thresholds_table
     from .results import load_run
 
     try:
-        loaded = load_run(run)
-        thresholds = calibrate_run(loaded, baseline=baseline, margin=margin, mode=mode)
-        typer.echo(f"thresholds: {thresholds.save(out or loaded.path / 'thresholds.json')}")
+        if export not in (None, "csv", "table"):
+            raise ArxtuneError(f"unknown --export {export!r}; use csv or table")
+        if len(runs) > 1 and out is None and not install:
+            raise ArxtuneError("several runs make one file: say where it goes with --out FILE (or --install)")
+        loaded = [load_run(run) for run in runs]
+        views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
+        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
+        if out is not None or len(loaded) == 1:
+            typer.echo(f"thresholds: {thresholds.save(out or loaded[0].path / 'thresholds.json')}")
         if install:
             typer.echo(f"installed:  {thresholds.save(default_thresholds_path())}")
         if export == "csv":
@@ -127,8 +141,6 @@ def calibrate(
             from rich.console import Console
 
             Console().print(thresholds_table(thresholds))
-        elif export is not None:
-            raise ArxtuneError(f"unknown --export {export!r}; use csv or table")
     except ArxtuneError as exc:
         _fail(exc)
 

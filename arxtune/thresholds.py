@@ -103,7 +103,7 @@ class Fingerprint:
 
 
 def _show(value) -> str:
-    return ",".join(value) if isinstance(value, list) else str(value)
+    return (",".join(value) or "none") if isinstance(value, list) else str(value)
 
 
 @dataclass(frozen=True)

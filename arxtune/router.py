@@ -175,6 +175,19 @@ def resolve(tables: dict, opened: dict, native: set[str]) -> dict:
             for (mode, op, dtype), ranges in tables.items()}
 
 
+def _spans(ranges: tuple[Range, ...], choices: list) -> list[tuple[int, int | None, str]]:
+    """(lo, hi, backend) of the ranges a backend takes, neighbours with the same backend joined."""
+    spans: list[list] = []
+    for r, choice in zip(ranges, choices):
+        if choice is None:
+            continue
+        if spans and spans[-1][1] == r.lo and spans[-1][2] == choice[1]:
+            spans[-1][1] = r.hi
+        else:
+            spans.append([r.lo, r.hi, choice[1]])
+    return [tuple(span) for span in spans]
+
+
 @dataclass
 class Opened:
     """What start-up decided: the router, the backends it opened, its one line and the problems to warn about."""
@@ -246,8 +259,8 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
     parts.append(status)
     parts.append("overrides " + ("; ".join(o.describe() for o in overrides) if overrides else f"none (${ENV_OVERRIDES})"))
     routes = resolve(tables, opened, native)
-    taken = [f"{mode} {op}/{dtype} [{format_bytes(r.lo)}, {'inf' if r.hi is None else format_bytes(r.hi)}) -> {r.backend}"
+    taken = [f"{mode} {op}/{dtype} [{format_bytes(lo)}, {'inf' if hi is None else format_bytes(hi)}) -> {name}"
              for (mode, op, dtype), ranges in sorted(tables.items())
-             for r, choice in zip(ranges, routes[(mode, op, DTYPES[dtype])][1]) if choice is not None]
+             for lo, hi, name in _spans(ranges, routes[(mode, op, DTYPES[dtype])][1])]
     parts.append("takes " + ("; ".join(taken) if taken else "nothing"))
     return Opened(Router(routes, fallback, capturing), opened, ", ".join(parts), problems)

@@ -107,7 +107,7 @@ def test_runs_of_two_world_sizes_merge_into_one_file(tmp_path):
 
 
 def test_eager_and_graph_tables_from_one_run(tmp_path):
-    def latency(b, n, mode):  # in graphs 'fast' wins everywhere; eagerly only small sizes
+    def latency(b, n, mode, op):  # in graphs 'fast' wins everywhere; eagerly only small sizes
         return 1.0 if (b == "fast" and mode == "graph") else _crossover(8192)(b, n)
 
     t = calibrate(make_run(tmp_path, latency, SIZES, modes=("eager", "graph")))
@@ -118,7 +118,7 @@ def test_eager_and_graph_tables_from_one_run(tmp_path):
 
 
 def test_the_eager_table_can_come_from_another_view(tmp_path):
-    def latency(b, n, mode):
+    def latency(b, n, mode, op):
         return 1.0 if (b == "fast" and mode == "isolated") else _crossover(8192)(b, n)
 
     run = make_run(tmp_path, latency, SIZES, modes=("eager", "isolated"))

@@ -15,7 +15,7 @@ def synthetic_samples(median_us: float, spread: float = 0.02, n: int = 200, seed
 def make_run(tmp_path, latency, sizes, backends=("gloo", "fast"), ops=("all_reduce",), dtypes=("float32",),
              world=2, statuses=None, spread=0.02, run_id="fixture", n=200, modes=("eager",), status_extra=None,
              device_names=None, hostnames=None):
-    """A run whose medians follow latency(backend, nbytes) (or latency(backend, nbytes, mode) when several modes);
+    """A run whose medians follow latency(backend, nbytes) (or latency(backend, nbytes, mode, op) when modes are given);
     statuses maps (backend, nbytes) -> status; status_extra adds to a backend's status in meta (options, capacity)."""
     meta = RunMeta(run_id=run_id, world_size=world, device_type="cpu", config={"step_factor": 2.0}, baseline="gloo",
                    started="2026-01-01T00:00:00+00:00", hostnames=hostnames or ["a", "b", "c", "d"][:world],
@@ -30,7 +30,7 @@ def make_run(tmp_path, latency, sizes, backends=("gloo", "fast"), ops=("all_redu
                     for size in sizes:
                         status = (statuses or {}).get((backend, size), "ok")
                         seed += 1
-                        median = latency(backend, size) if modes == ("eager",) else latency(backend, size, mode)
+                        median = latency(backend, size) if modes == ("eager",) else latency(backend, size, mode, op)
                         samples = synthetic_samples(median, spread, n=n, seed=seed) if status == "ok" else ()
                         writer.append(PointRecord(backend, op, dtype, mode, size, size, world, status, samples,
                                                   "" if status == "ok" else "injected"))

@@ -93,7 +93,8 @@ class Communicator:
         fallback = default_baseline(ctx.device)
         preferred = baseline or (loaded.baseline if loaded else fallback)
         also = tuple(dict.fromkeys((preferred, fallback)))
-        self._opened = open_router(self.thresholds, ctx, preferred, {preferred}, capturing or _capture_check(ctx.device), also)
+        self._opened = open_router(self.thresholds, ctx, preferred, lambda name: name == preferred,
+                                   capturing or _capture_check(ctx.device), also)
         backends = self._opened.backends
         self.baseline_name = preferred if preferred in backends else fallback
         if self.baseline_name not in backends:
@@ -107,7 +108,7 @@ class Communicator:
         for problem in self._opened.problems:
             log.warning("arxtune: %s; those calls use %s", problem, self.baseline_name)
         if ctx.rank == 0:
-            log.info("arxtune: %s", self._opened.line)
+            log.info("%s", self.summary())
 
     @classmethod
     def from_env(cls, thresholds: str | Path | Thresholds | None = None, device: torch.device | None = None, group=None,
@@ -121,7 +122,7 @@ class Communicator:
 
     def summary(self) -> str:
         """The start-up line: world, mode tables, capacity, fingerprint, overrides, and the ranges taken."""
-        return "arxtune: " + self._opened.line
+        return f"arxtune: world {self.ctx.world_size}, {self._opened.line}"
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int) -> Backend:
         """The backend for one call; the baseline when nothing else applies."""

@@ -138,6 +138,11 @@ class Router:
         self._capturing = capturing
         self.calls: Counter = Counter()
 
+    @property
+    def takes_anything(self) -> bool:
+        """Whether any range goes to a backend other than the caller's own path."""
+        return any(choice is not None for _, choices in self._routes.values() for choice in choices)
+
     def mode(self) -> str:
         return "graph" if self._capturing is not None and self._capturing() else "eager"
 
@@ -161,11 +166,11 @@ class Router:
         self.calls[(op, name or self.fallback)] += 1
 
 
-def resolve(tables: dict, opened: dict, native: set[str]) -> dict:
+def resolve(tables: dict, opened: dict, native: Callable[[str], bool]) -> dict:
     """Range names -> (backend, name), or None where the caller's own path serves the call."""
     def usable(name: str, op: str, mode: str):
         backend = opened.get(name)
-        if name in native or backend is None or op not in getattr(backend, "ops", OPS):
+        if native(name) or backend is None or op not in getattr(backend, "ops", OPS):
             return None
         if mode == "graph" and not getattr(backend, "capturable", False):
             return None
@@ -205,7 +210,9 @@ class Opened:
 
 def _fingerprint_check(thresholds: Thresholds, ctx: GroupContext) -> tuple[str, bool]:
     """(what the start-up line says, whether the file was measured on something else)."""
-    run_ids = sorted({t.run_id for t in thresholds.tables if t.world_size == ctx.world_size})
+    run_ids = sorted({t.run_id for t in thresholds.tables if t.world_size == ctx.world_size and thresholds.run(t.run_id)})
+    if not run_ids:
+        return "fingerprint not recorded", False
     running = running_fingerprint(ctx.world_size, ctx.device, gather_objects(host_facts(ctx.device), ctx.cpu_group))
     differ = []
     for run_id in run_ids:
@@ -214,21 +221,24 @@ def _fingerprint_check(thresholds: Thresholds, ctx: GroupContext) -> tuple[str, 
         if found:
             differ.append(f"run {run_id}: {', '.join(found)}")
     if not differ:
-        return f"fingerprint matches run {', '.join(run_ids) or '(unnamed)'}", False
+        return f"fingerprint matches run {', '.join(run_ids)}", False
     return "fingerprint differs (" + "; ".join(differ) + ")", True
 
 
-def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str, native: set[str],
-                capturing: Callable[[], bool] | None = None, also_open: tuple[str, ...] = ()) -> Opened:
+def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str, native: Callable[[str], bool],
+                capturing: Callable[[], bool] | None = None, also_open: tuple[str, ...] = (),
+                overrides: tuple[Override, ...] | None = None) -> Opened:
     """Open what the file (and the overrides) name for this group and build the router.
 
-    `native`: backend names the caller serves itself (its baseline); `also_open`:
-    backends the caller needs opened besides (e.g. the communicator's baseline).
-    A bad ARXTUNE_OVERRIDES raises ArxtuneError (the same on every rank).
+    `native(name)`: whether the caller serves that backend's ranges itself (its
+    baseline); `also_open`: backends the caller needs opened besides (e.g. the
+    communicator's baseline). `overrides` default to ARXTUNE_OVERRIDES', whose
+    bad value raises ArxtuneError (the same on every rank).
     """
-    overrides = parse_overrides(os.environ.get(ENV_OVERRIDES, ""))
+    if overrides is None:
+        overrides = parse_overrides(os.environ.get(ENV_OVERRIDES, ""))
     strict = os.environ.get(ENV_FINGERPRINT, "warn").strip().lower() == "strict"
-    problems, parts = [], [f"world {ctx.world_size}"]
+    problems, parts = [], []
     if thresholds is not None:
         status, mismatch = _fingerprint_check(thresholds, ctx)
         if mismatch and strict:
@@ -241,7 +251,8 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
         status = "fingerprint: no file"
     tables, notes = mode_tables(thresholds, ctx.world_size, overrides)
     setup = thresholds.backend_setup if thresholds else {}
-    wanted = sorted({r.backend for ranges in tables.values() for r in ranges} - native - set(also_open)) + list(also_open)
+    named = {r.backend for ranges in tables.values() for r in ranges}
+    wanted = sorted(n for n in named if not native(n) and n not in also_open) + list(also_open)
     options = {**ctx.options, **{name: s.options for name, s in setup.items()}}
     opened, opened_status = open_backends(wanted, GroupContext(ctx.rank, ctx.world_size, ctx.local_rank, ctx.device,
                                                                 ctx.cpu_group, ctx.device_group, options))

@@ -70,7 +70,7 @@ def test_routes_respect_capture_op_support_capacity_and_count_every_call():
     arx, graphy = Stub("arx", limit=2048), Stub("graphy", capturable=True, ops=("all_gather",))
     tables, _ = mode_tables(_file(), 2)
     capturing = [False]
-    router = Router(resolve(tables, {"arx": arx, "graphy": graphy}, native={"gloo"}), "gloo", lambda: capturing[0])
+    router = Router(resolve(tables, {"arx": arx, "graphy": graphy}, native=lambda name: name == "gloo"), "gloo", lambda: capturing[0])
     f32 = torch.float32
     assert router.pick("all_reduce", f32, 1024) is arx
     assert router.pick("all_reduce", f32, 3000) is None  # in arx's range but beyond what it takes

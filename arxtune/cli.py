@@ -26,7 +26,7 @@ def _fail(exc: Exception, code: int = 2) -> None:
 
 def _finish(run_path: Path) -> None:
     """Calibrate and plot a finished run, printing where everything went; an existing thresholds file is kept."""
-    from .calibrate import calibrate
+    from .calibrate import calibrate, describe_views
     from .plot import plot_run
     from .results import load_run
     from .thresholds import load
@@ -40,7 +40,7 @@ def _finish(run_path: Path) -> None:
             typer.echo(f"thresholds: kept {target} (already there; `arxtune calibrate {run.path}` replaces it)")
         else:
             thresholds = calibrate(run)
-            typer.echo(f"thresholds: {thresholds.save(target)} (from the {thresholds.provenance['view']} timing view)")
+            typer.echo(f"thresholds: {thresholds.save(target)} ({describe_views(thresholds)})")
     except ArxtuneError as exc:
         thresholds = None
         typer.echo(f"thresholds: not written ({exc})")
@@ -152,20 +152,27 @@ def sweep(
 
 @app.command()
 def calibrate(
-    run: Path = typer.Argument(..., help="Run directory under results/."),
-    out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json)."),
-    baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the run's)."),
+    runs: list[Path] = typer.Argument(..., help="Run directories under results/ (several world sizes and modes merge into one file)."),
+    out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json for one run; needed for several)."),
+    baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the runs')."),
     margin: float = typer.Option(0.05, help="Fraction by which a backend must beat the baseline's median."),
-    mode: str = typer.Option("eager", help="Table to calibrate: eager or graph."),
-    view: Optional[str] = typer.Option(None, help="Timing view that feeds the eager table: eager (back-to-back calls, default) or isolated (one call, host cost included)."),
+    eager_from: Optional[str] = typer.Option(None, help="Timing view the eager table comes from: eager (back-to-back calls, default) or isolated (one call, host cost included)."),
+    graph_from: str = typer.Option("graph", help="Timing view the graph table (used during CUDA-graph capture) comes from."),
+    prefer: Optional[str] = typer.Option(None, help="The run (id or directory) that wins where runs conflict."),
     export: Optional[str] = typer.Option(None, help="Also print as 'csv' (NCCL-tuner style) or 'table'."),
     install: bool = typer.Option(False, help="Also write to where deployments look ($ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
 ) -> None:
-    """Turn a run into a thresholds file (which backend wins at which size).
+    """Turn runs into one thresholds file (which backend wins at which size, per mode and world size).
 
-    Example: arxtune calibrate results/RUN --margin 0.1 --export table
+    Examples:
+
+      arxtune calibrate results/RUN --margin 0.1 --export table
+
+      arxtune calibrate results/TP2 results/TP4 results/TP8 --out thresholds.json --install
+
+      arxtune calibrate results/OLD results/NEW --prefer NEW --out thresholds.json
     """
-    from .calibrate import calibrate as calibrate_run
+    from .calibrate import DEFAULT_VIEWS, calibrate as calibrate_runs, describe_views
     from .communicator import default_thresholds_path
     from .report import thresholds_table
     from .results import load_run
@@ -175,10 +182,14 @@ def calibrate(
     try:
         if export not in (None, "csv", "table"):
             raise ArxtuneError(f"unknown --export {export!r}; use csv or table")
-        loaded = load_run(run)
-        target = check_writable_file(out or loaded.path / "thresholds.json", "--out")
-        thresholds = calibrate_run(loaded, baseline=baseline, margin=margin, mode=mode, view=view)
-        typer.echo(f"thresholds: {thresholds.save(target)} (from the {thresholds.provenance['view']} timing view)")
+        if len(runs) > 1 and out is None and not install:
+            raise ArxtuneError("several runs make one file: say where it goes with --out FILE (or --install)")
+        loaded = [load_run(run) for run in runs]
+        target = check_writable_file(out or loaded[0].path / "thresholds.json", "--out") if out is not None or len(loaded) == 1 else None
+        views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
+        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
+        if target is not None:
+            typer.echo(f"thresholds: {thresholds.save(target)} ({describe_views(thresholds)})")
         if install:
             typer.echo(f"installed:  {thresholds.save(default_thresholds_path())}")
         if export == "csv":

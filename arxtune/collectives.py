@@ -39,6 +39,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class OpSpec:
+    """Everything that makes an op an op; adding one means adding an OpSpec and the backends that run it."""
+
     name: str
     #: (elements per rank, world) -> (input elements, output elements)
     shapes: Callable[[int, int], tuple[int, int]]
@@ -46,6 +48,12 @@ class OpSpec:
     nbytes: Callable[[int, int, int], int]
     #: nccl-tests bus-bandwidth factor for `world` ranks
     bus_factor: Callable[[int], float]
+    #: (every rank's input, rank, world) -> this rank's exact output
+    reference: Callable[[list[torch.Tensor], int, int], torch.Tensor]
+    #: (one rank's input bytes, world) -> bytes by the convention above: what thresholds are keyed by
+    tensor_nbytes: Callable[[int, int], int]
+    #: (input elements, world) -> output elements of a flat call
+    out_numel: Callable[[int, int], int]
 
 
 OP_SPECS: dict[str, OpSpec] = {
@@ -54,26 +62,35 @@ OP_SPECS: dict[str, OpSpec] = {
         shapes=lambda n, w: (n, n),
         nbytes=lambda n, w, item: n * item,
         bus_factor=lambda w: 2 * (w - 1) / w,
+        reference=lambda inputs, rank, w: sum(inputs),
+        tensor_nbytes=lambda nbytes, w: nbytes,
+        out_numel=lambda numel, w: numel,
     ),
     "all_gather": OpSpec(
         "all_gather",
         shapes=lambda n, w: (n, n * w),
         nbytes=lambda n, w, item: n * w * item,
         bus_factor=lambda w: (w - 1) / w,
+        reference=lambda inputs, rank, w: torch.cat(inputs),
+        tensor_nbytes=lambda nbytes, w: nbytes * w,
+        out_numel=lambda numel, w: numel * w,
     ),
     "reduce_scatter": OpSpec(
         "reduce_scatter",
         shapes=lambda n, w: (n * w, n),
         nbytes=lambda n, w, item: n * w * item,
         bus_factor=lambda w: (w - 1) / w,
+        reference=lambda inputs, rank, w: sum(inputs).chunk(w)[rank],
+        tensor_nbytes=lambda nbytes, w: nbytes,
+        out_numel=lambda numel, w: numel // w,
     ),
 }
+OPS: tuple[str, ...] = tuple(OP_SPECS)
 
 
 def elements_per_rank(op: str, nbytes: int, world: int, itemsize: int) -> int:
     """Elements per rank for a requested size, rounded down so the op is well formed (at least 1)."""
-    divisor = itemsize if op == "all_reduce" else itemsize * world
-    return max(1, nbytes // divisor)
+    return max(1, nbytes // OP_SPECS[op].nbytes(1, world, itemsize))
 
 
 def size_grid(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
@@ -106,13 +123,7 @@ def expected_output(op: str, n: int, rank: int, world: int, dtype: torch.dtype, 
     """Exact reference for this rank's output, computed in int64 from every rank's input."""
     in_elems, _ = OP_SPECS[op].shapes(n, world)
     inputs = [_pattern(in_elems, r, world, dtype, salt).to(torch.int64) for r in range(world)]
-    if op == "all_reduce":
-        result = sum(inputs)
-    elif op == "all_gather":
-        result = torch.cat(inputs)
-    else:
-        result = sum(inputs)[rank * n:(rank + 1) * n]
-    return result.to(dtype)
+    return OP_SPECS[op].reference(inputs, rank, world).to(dtype)
 
 
 def mismatch(out: torch.Tensor, expected: torch.Tensor) -> str | None:

@@ -6,9 +6,11 @@ Usable from plain torch.distributed code:
     comm = Communicator.from_env()          # ARXTUNE_THRESHOLDS or a path
     y = comm.all_reduce(x)
 
-Outside every range, or when the file does not fit the group (other world
-size, unknown version, a backend that cannot start), calls go to the
-baseline with one warning at start-up, never an exception.
+Routing is arxtune.router's (mode tables, overrides, capacity, capture,
+counters). Outside every range, or when the file does not fit the group
+(other world size, unknown version, a backend that cannot start), calls go
+to the baseline with one warning at start-up, never an exception. The
+runtime imports no harness code (sweep, timing, results, pandas).
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from .backends import Backend, GroupContext
+from .backends.startup import default_baseline
 from .collectives import OP_SPECS
 from .errors import ArxtuneError
-from .thresholds import Lookup, Thresholds, load
+from .router import open_router
+from .thresholds import Thresholds, load
 
 log = logging.getLogger("arxtune")
 ENV_THRESHOLDS = "ARXTUNE_THRESHOLDS"
@@ -71,67 +76,67 @@ def read_thresholds(world_size: int, source: str | Path | Thresholds | None = No
     return thresholds, path, ""
 
 
-class Communicator:
-    def __init__(self, ctx: GroupContext, thresholds: str | Path | Thresholds | None = None, baseline: str | None = None):
-        from .sweep import default_baseline, open_backends
+def _capture_check(device: torch.device) -> Callable[[], bool] | None:
+    """How to tell a call made during CUDA-graph capture; CPU tensors are never captured."""
+    return torch.cuda.is_current_stream_capturing if device.type == "cuda" else None
 
+
+class Communicator:
+    """Calls go to the backend arxtune.router picks; the baseline serves the rest (and is counted as such)."""
+
+    def __init__(self, ctx: GroupContext, thresholds: str | Path | Thresholds | None = None, baseline: str | None = None,
+                 capturing: Callable[[], bool] | None = None):
         self.ctx = ctx
         loaded, _, why = read_thresholds(ctx.world_size, thresholds)
-        self.thresholds = loaded
+        self.thresholds = None if why else loaded
         # The file's baseline where it can run here, else this device's torch.distributed backend.
         fallback = default_baseline(ctx.device)
         preferred = baseline or (loaded.baseline if loaded else fallback)
-        wanted = sorted((loaded.backends if not why else set()) | {preferred, fallback})
-        opened, status = open_backends(wanted, ctx)
-        self.baseline_name = preferred if preferred in opened else fallback
-        if self.baseline_name not in opened:
-            raise ArxtuneError(f"baseline backend {self.baseline_name} cannot run: {status[self.baseline_name]['reason']}")
-        self.baseline: Backend = opened[self.baseline_name]
-        self._backends = opened
-        missing = {n: s["reason"] for n, s in status.items() if not s["available"]}
+        also = tuple(dict.fromkeys((preferred, fallback)))
+        self._opened = open_router(self.thresholds, ctx, preferred, lambda name: name == preferred,
+                                   capturing or _capture_check(ctx.device), also)
+        backends = self._opened.backends
+        self.baseline_name = preferred if preferred in backends else fallback
+        if self.baseline_name not in backends:
+            self._opened.close()
+            raise ArxtuneError(f"baseline backend {self.baseline_name} cannot run here; pass baseline= a backend that can")
+        self.baseline: Backend = backends[self.baseline_name]
+        self.router = self._opened.router
+        self.router.fallback = self.baseline_name
         if why:
             log.warning("arxtune: using %s for every call: %s", self.baseline_name, why)
-        elif missing:
-            log.warning("arxtune: %s cannot start (%s); their ranges use %s", ", ".join(missing),
-                        "; ".join(f"{n}: {r}" for n, r in missing.items()), self.baseline_name)
-        self._lookup = None if why else Lookup(loaded, ctx.world_size, resolve=lambda name: opened.get(name, self.baseline))
+        for problem in self._opened.problems:
+            log.warning("arxtune: %s; those calls use %s", problem, self.baseline_name)
+        if ctx.rank == 0:
+            log.info("%s", self.summary())
 
     @classmethod
-    def from_env(cls, thresholds: str | Path | Thresholds | None = None, device: torch.device | None = None, group=None) -> "Communicator":
-        return cls(context_from_torch(device, group), thresholds)
+    def from_env(cls, thresholds: str | Path | Thresholds | None = None, device: torch.device | None = None, group=None,
+                 capturing: Callable[[], bool] | None = None) -> "Communicator":
+        return cls(context_from_torch(device, group), thresholds, capturing=capturing)
+
+    @property
+    def calls(self):
+        """Calls so far by (op, backend name), the baseline's under its own name."""
+        return self.router.calls
 
     def summary(self) -> str:
-        """One line on which ranges this communicator takes from the baseline."""
-        if self._lookup is None or self.thresholds is None:
-            return f"arxtune: every call uses {self.baseline_name}"
-        taken = []
-        for t in self.thresholds.tables:
-            if t.world_size == self.ctx.world_size:
-                taken += [f"{t.op}/{t.dtype} [{r.lo},{'inf' if r.hi is None else r.hi})->{r.backend}"
-                          for r in t.ranges if r.backend != self.baseline_name and r.backend in self._backends]
-        return "arxtune: " + (", ".join(taken) if taken else f"every call uses {self.baseline_name}")
+        """The start-up line: world, mode tables, capacity, fingerprint, overrides, and the ranges taken."""
+        return f"arxtune: world {self.ctx.world_size}, {self._opened.line}"
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int) -> Backend:
         """The backend for one call; the baseline when nothing else applies."""
-        backend = self._lookup.choose(op, dtype, nbytes) if self._lookup is not None else None
-        if backend is None or (backend is not self.baseline and not backend.supports(op, dtype, nbytes)):
-            return self.baseline
-        return backend
-
-    def _nbytes(self, op: str, tensor: torch.Tensor) -> int:
-        return tensor.nbytes * self.ctx.world_size if op == "all_gather" else tensor.nbytes
+        return self.router.pick(op, dtype, nbytes) or self.baseline
 
     def route(self, op: str, tensor: torch.Tensor) -> Backend | None:
         """The non-baseline backend that should take this call, or None (the caller uses its own path)."""
-        backend = self.choose(op, tensor.dtype, self._nbytes(op, tensor))
-        return None if backend is self.baseline else backend
+        return self.router.pick(op, tensor.dtype, OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.ctx.world_size))
 
     def _run(self, op: str, tensor: torch.Tensor) -> torch.Tensor:
+        spec = OP_SPECS[op]
         flat = tensor.contiguous().view(-1)
-        world = self.ctx.world_size
-        per_rank = flat.numel() // world if op == "reduce_scatter" else flat.numel()
-        out = torch.empty(OP_SPECS[op].shapes(per_rank, world)[1], dtype=tensor.dtype, device=tensor.device)
-        getattr(self.choose(op, tensor.dtype, self._nbytes(op, flat)), op)(flat, out)
+        out = torch.empty(spec.out_numel(flat.numel(), self.ctx.world_size), dtype=tensor.dtype, device=tensor.device)
+        getattr(self.choose(op, tensor.dtype, spec.tensor_nbytes(flat.nbytes, self.ctx.world_size)), op)(flat, out)
         return out
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -149,5 +154,4 @@ class Communicator:
         return self._run("reduce_scatter", tensor).view(tensor.shape[0] // self.ctx.world_size, *tensor.shape[1:])
 
     def close(self) -> None:
-        for backend in self._backends.values():
-            backend.close()
+        self._opened.close()

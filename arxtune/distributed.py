@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
@@ -73,8 +72,10 @@ def max_per_iteration(samples: list[float], group) -> list[float]:
 
 
 def describe_host(ctx: GroupContext) -> dict:
-    name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
-    return {"hostname": socket.gethostname(), "device": name}
+    """Host name, device name, NVIDIA driver and RDMA devices (what thresholds fingerprints compare)."""
+    from .fingerprint import host_facts
+
+    return host_facts(ctx.device)
 
 
 def shutdown() -> None:

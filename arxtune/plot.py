@@ -26,7 +26,7 @@ def _colors(names: list[str]) -> dict[str, str]:
 
 
 def _bands(ax, thresholds: Thresholds | None, op: str, dtype: str, world: int, colors: dict, xmin: float, xmax: float) -> None:
-    table = thresholds.table(op, dtype, world) if thresholds else None
+    table = thresholds.table(op, dtype, world, "eager") if thresholds else None
     if table is None:
         return
     for r in table.ranges:

@@ -37,14 +37,16 @@ def run_table(path: str | Path) -> RichTable:
 
 
 def thresholds_table(thresholds: Thresholds) -> RichTable:
-    p = thresholds.provenance
-    table = RichTable(title=f"thresholds from run {p.get('run_id')} ({p.get('mode')}), baseline {thresholds.baseline}, margin {thresholds.margin:.0%}",
-                      title_justify="left")
-    for column in ("op", "dtype", "world", "from (incl.)", "to (excl.)", "backend", "source"):
+    runs = ", ".join(r.run_id for r in thresholds.runs) or "?"
+    setup = "; ".join(f"{name} {s.options}" for name, s in thresholds.backend_setup.items() if s.options)
+    table = RichTable(title=f"thresholds from runs {runs}, baseline {thresholds.baseline}, margin {thresholds.margin:.0%}"
+                            + (f", backends opened with {setup}" if setup else ""), title_justify="left")
+    for column in ("mode", "op", "dtype", "world", "from (incl.)", "to (excl.)", "backend", "source", "run (view)"):
         table.add_column(column)
     for t in thresholds.tables:
         for r in t.ranges:
-            table.add_row(t.op, t.dtype, str(t.world_size), format_bytes(r.lo), "inf" if r.hi is None else format_bytes(r.hi), r.backend, r.source)
+            table.add_row(t.mode, t.op, t.dtype, str(t.world_size), format_bytes(r.lo), "inf" if r.hi is None else format_bytes(r.hi),
+                          r.backend, r.source, f"{t.run_id} ({t.view})")
     return table
 
 

@@ -85,6 +85,8 @@ class RunMeta:
     arxtune_version: str = ""
     torch_version: str = ""
     nccl_version: str | None = None
+    driver_version: str | None = None  # NVIDIA driver on rank 0's host
+    rdma_devices: list[str] = field(default_factory=list)  # RDMA devices on rank 0's host
     hostnames: list[str] = field(default_factory=list)
     device_names: list[str] = field(default_factory=list)
     backends: dict = field(default_factory=dict)  # name -> {"available": bool, "reason": str, "capturable": bool}
@@ -116,7 +118,8 @@ _NUMBER = (int, float)
 _META_TYPES = {"run_id": (str,), "world_size": (int,), "device_type": (str,), "config": (dict,), "baseline": (str,),
                "started": (str,), "version": (int,), "finished": (str, type(None)), "arxtune_version": (str,),
                "torch_version": (str,), "nccl_version": (str, type(None)), "hostnames": (list,), "device_names": (list,),
-               "backends": (dict,), "fabric_floor_us": (*_NUMBER, type(None)), "command": (str,)}
+               "backends": (dict,), "fabric_floor_us": (*_NUMBER, type(None)), "command": (str,),
+               "driver_version": (str, type(None)), "rdma_devices": (list,)}
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:

@@ -24,8 +24,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from . import __version__, backends, distributed
-from .backends import OPS, Backend, BackendUnavailable, GroupContext
+from . import __version__, distributed
+from .backends import OPS, Backend, GroupContext
+from .backends.startup import agreed_reason, default_baseline, open_backends  # noqa: F401 (re-exported)
 from .collectives import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, mismatch, size_grid
 from .config import SweepConfig, format_bytes, from_mapping
 from .errors import ArxtuneError
@@ -51,10 +52,6 @@ class Point:
         return (self.backend, self.op, self.dtype, self.mode, self.size)
 
 
-def default_baseline(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 def new_run_id(world_size: int, device_type: str) -> str:
     """Time to the microsecond plus a random tag: two sweeps started together never pick the same id."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
@@ -63,41 +60,6 @@ def new_run_id(world_size: int, device_type: str) -> str:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def agreed_reason(reasons: list[str]) -> str:
-    """One reason for all ranks: said once when every rank gives the same, else per rank."""
-    failed = [(rank, why) for rank, why in enumerate(reasons) if why]
-    if not failed:
-        return ""
-    if len(failed) == len(reasons) and len({why for _, why in failed}) == 1:
-        return failed[0][1]
-    return "; ".join(f"rank {rank}: {why}" for rank, why in failed)
-
-
-def open_backends(names: list[str] | tuple[str, ...], ctx: GroupContext) -> tuple[dict[str, Backend], dict[str, dict]]:
-    """Create each named backend; one that fails on any rank is closed everywhere and its reason kept."""
-    ready, status = {}, {}
-    for name in names:
-        backend, reason = None, ""
-        try:
-            backend = backends.create(name, ctx)
-        except BackendUnavailable as exc:
-            reason = exc.reason
-        except KeyError:
-            reason = f"not a registered arxtune backend ({', '.join(backends.names())})"
-        except Exception as exc:  # a backend's own bug is reported like any other reason, never a crash
-            reason = f"{type(exc).__name__}: {exc}"
-        reason = agreed_reason(distributed.gather_objects(reason, ctx.cpu_group))
-        if reason:
-            if backend is not None:
-                backend.close()
-            status[name] = {"available": False, "reason": reason}
-            continue
-        ready[name] = backend
-        status[name] = {"available": True, "reason": "", "capturable": bool(getattr(backend, "capturable", False)),
-                        "ops": list(getattr(backend, "ops", OPS))}
-    return ready, status
 
 
 def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
@@ -316,7 +278,7 @@ def _new_meta(config: SweepConfig, ctx: GroupContext, run_id: str, baseline: str
         arxtune_version=__version__, torch_version=torch.__version__,
         nccl_version=".".join(map(str, torch.cuda.nccl.version())) if ctx.device.type == "cuda" else None,
         hostnames=[h["hostname"] for h in hosts], device_names=[h["device"] for h in hosts],
-        command=shlex.join(sys.argv))
+        driver_version=hosts[0]["driver"], rdma_devices=hosts[0]["rdma_devices"], command=shlex.join(sys.argv))
 
 
 def _reopen(resume: str, ctx: GroupContext, hosts: list[dict]) -> RunWriter:

@@ -1,11 +1,17 @@
-"""The thresholds file: which backend to use for each (op, dtype, world size, bytes).
+"""The thresholds file: which backend to use for each (mode, op, dtype, world size, bytes).
 
 Versioned JSON with provenance, validated on load. Ranges cover 0..infinity
 without gaps; a range includes its lower bound and excludes its upper bound
 (`hi` null = no upper bound). Sizes follow collectives.py's convention.
+`mode` is the runtime's mode: `graph` while a CUDA graph is being captured,
+`eager` otherwise; each table names the run and the timing view it came from.
 
 Format history:
-- version 1: tables of ranges plus alpha-beta models per backend.
+- version 1: tables of ranges plus alpha-beta models per backend; one run, one mode.
+- version 2: tables and models keyed by mode as well; several runs (world sizes)
+  in one file, each with the fingerprint of what it was measured on; per-backend
+  options and capacity (what the runtime opens the backend with). Version 1
+  files are still read (their tables get the mode their provenance names).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import bisect
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,9 +29,11 @@ from .collectives import DTYPES
 from .errors import ArxtuneError, FormatError
 from .fileio import read_text, write_text_atomic
 
-THRESHOLDS_VERSION = 1
+THRESHOLDS_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 KIND = "arxtune-thresholds"
-SOURCES = ("measured", "model")
+SOURCES = ("measured", "model", "override")
+MODES = ("eager", "graph")
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,7 @@ class Range:
     lo: int
     hi: int | None
     backend: str
-    source: str = "measured"  # measured on the grid, or predicted by the alpha-beta models
+    source: str = "measured"  # measured on the grid, predicted by the alpha-beta models, or an override
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,13 @@ class Table:
     dtype: str
     world_size: int
     ranges: tuple[Range, ...]
+    mode: str = "eager"  # the runtime mode this table serves
+    run_id: str = ""  # the run it was calibrated from
+    view: str = ""  # that run's timing view it was calibrated from (e.g. eager, isolated, graph)
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return (self.mode, self.op, self.dtype, self.world_size)
 
 
 @dataclass(frozen=True)
@@ -54,9 +69,55 @@ class Model:
     world_size: int
     alpha_us: float
     bandwidth_gbps: float | None  # None: no measurable growth with size over the grid
+    mode: str = "eager"
 
     def predict_us(self, nbytes: float) -> float:
         return self.alpha_us + (nbytes / (self.bandwidth_gbps * 1e3) if self.bandwidth_gbps else 0.0)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a run was measured on; compared with the running group at start-up."""
+
+    world_size: int
+    device_type: str = ""
+    hostnames: tuple[str, ...] = ()
+    device_names: tuple[str, ...] = ()
+    driver_version: str | None = None
+    torch_version: str | None = None
+    nccl_version: str | None = None
+    rdma_devices: tuple[str, ...] | None = None
+
+    def differences(self, running: "Fingerprint") -> list[str]:
+        """'what: recorded vs running' for every field known on both sides that differs (hosts as sets)."""
+        found = []
+        for f in fields(self):
+            recorded, now = getattr(self, f.name), getattr(running, f.name)
+            if recorded in (None, "", ()) or now in (None, ""):
+                continue
+            if isinstance(recorded, tuple):
+                recorded, now = sorted(set(recorded)), sorted(set(now))
+            if recorded != now:
+                found.append(f"{f.name} {_show(recorded)} vs {_show(now)}")
+        return found
+
+
+def _show(value) -> str:
+    return (",".join(value) or "none") if isinstance(value, list) else str(value)
+
+
+@dataclass(frozen=True)
+class SourceRun:
+    run_id: str
+    fingerprint: Fingerprint
+
+
+@dataclass(frozen=True)
+class BackendSetup:
+    """How a backend was opened when it was measured; the runtime opens it the same way."""
+
+    options: dict = field(default_factory=dict)  # e.g. arx: {"max_bytes": 8388608, "devices": [...]}
+    capacity: dict = field(default_factory=dict)  # op -> largest bytes it takes; an op not named has no limit
 
 
 @dataclass(frozen=True)
@@ -66,6 +127,8 @@ class Thresholds:
     provenance: dict
     tables: tuple[Table, ...]
     models: tuple[Model, ...] = ()
+    runs: tuple[SourceRun, ...] = ()
+    backend_setup: dict[str, BackendSetup] = field(default_factory=dict)
     version: int = THRESHOLDS_VERSION
     kind: str = KIND
 
@@ -77,8 +140,11 @@ class Thresholds:
     def backends(self) -> set[str]:
         return {r.backend for t in self.tables for r in t.ranges}
 
-    def table(self, op: str, dtype: str, world_size: int) -> Table | None:
-        return next((t for t in self.tables if (t.op, t.dtype, t.world_size) == (op, dtype, world_size)), None)
+    def table(self, op: str, dtype: str, world_size: int, mode: str = "eager") -> Table | None:
+        return next((t for t in self.tables if t.key == (mode, op, dtype, world_size)), None)
+
+    def run(self, run_id: str) -> SourceRun | None:
+        return next((r for r in self.runs if r.run_id == run_id), None)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,21 +154,22 @@ class Thresholds:
 
     def to_csv(self) -> str:
         """NCCL-tuner-style lines: first match wins, -1 is a wildcard / no bound."""
-        nodes = len(set(self.provenance.get("hostnames", []))) or -1
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["collective", "min_bytes", "max_bytes", "backend", "dtype", "nNodes", "nRanks"])
+        writer.writerow(["collective", "min_bytes", "max_bytes", "backend", "dtype", "mode", "nNodes", "nRanks"])
         for t in self.tables:
+            run = self.run(t.run_id)
+            nodes = len(set(run.fingerprint.hostnames)) if run and run.fingerprint.hostnames else -1
             for r in t.ranges:
-                writer.writerow([t.op, r.lo, -1 if r.hi is None else r.hi - 1, r.backend, t.dtype, nodes, t.world_size])
+                writer.writerow([t.op, r.lo, -1 if r.hi is None else r.hi - 1, r.backend, t.dtype, t.mode, nodes, t.world_size])
         return buffer.getvalue()
 
 
 def _fail(source: str, what: str) -> FormatError:
-    return FormatError(f"{source}: {what}; regenerate it with `arxtune calibrate RUN`")
+    return FormatError(f"{source}: {what}; regenerate it with `arxtune calibrate RUN [RUN ...]`")
 
 
-def _validate_ranges(ranges: tuple[Range, ...], where: str, source: str) -> None:
+def validate_ranges(ranges: tuple[Range, ...], where: str, source: str) -> None:
     if not ranges:
         raise _fail(source, f"{where} has no ranges")
     if ranges[0].lo != 0 or ranges[-1].hi is not None:
@@ -115,29 +182,64 @@ def _validate_ranges(ranges: tuple[Range, ...], where: str, source: str) -> None
             raise _fail(source, f"{where} has a range without a backend or with an unknown source")
 
 
+def _upgrade_v1(data: dict) -> dict:
+    """A version-1 file as version 2: its one run, its one mode, no backend options."""
+    provenance = dict(data["provenance"])
+    mode = provenance.get("mode", "eager")
+    run_id = str(provenance.get("run_id", ""))
+    tables = [{**t, "mode": mode, "run_id": run_id, "view": mode} for t in data["tables"]]
+    models = [{**m, "mode": mode} for m in data.get("models", [])]
+    worlds = {int(t["world_size"]) for t in data["tables"]}
+    runs = [{"run_id": run_id, "fingerprint": {
+        "world_size": provenance.get("world_size") or (worlds.pop() if len(worlds) == 1 else 0),
+        "device_type": provenance.get("device_type", ""), "hostnames": provenance.get("hostnames", []),
+        "device_names": provenance.get("device_names", [])}}]
+    return {**data, "version": 2, "tables": tables, "models": models, "runs": runs, "backend_setup": {}}
+
+
+def _tuple_or_none(value):
+    return None if value is None else tuple(value)
+
+
+def _fingerprint(data: dict) -> Fingerprint:
+    data = dict(data)
+    for key in ("hostnames", "device_names"):
+        data[key] = tuple(data.get(key, ()))
+    data["rdma_devices"] = _tuple_or_none(data.get("rdma_devices"))
+    return Fingerprint(**data)
+
+
 def from_dict(data: dict, source: str = "thresholds") -> Thresholds:
     """Validate and build; anything off is one FormatError saying where."""
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise _fail(source, "not an arxtune thresholds file")
-    if data.get("version") != THRESHOLDS_VERSION:
-        raise _fail(source, f"version {data.get('version')!r} is not supported (this arxtune reads {THRESHOLDS_VERSION})")
+    if data.get("version") not in READABLE_VERSIONS:
+        raise _fail(source, f"version {data.get('version')!r} is not supported (this arxtune reads "
+                            f"{', '.join(map(str, READABLE_VERSIONS))})")
     try:
-        tables = tuple(
-            Table(t["op"], t["dtype"], int(t["world_size"]), tuple(Range(**r) for r in t["ranges"]))
-            for t in data["tables"])
+        if data["version"] == 1:
+            data = _upgrade_v1(data)
+        tables = tuple(Table(t["op"], t["dtype"], int(t["world_size"]), tuple(Range(**r) for r in t["ranges"]),
+                             str(t["mode"]), str(t.get("run_id", "")), str(t.get("view", ""))) for t in data["tables"])
         models = tuple(Model(**m) for m in data.get("models", []))
-        result = Thresholds(str(data["baseline"]), float(data["margin"]), dict(data["provenance"]), tables, models)
-    except (KeyError, TypeError, ValueError) as exc:
+        runs = tuple(SourceRun(str(r["run_id"]), _fingerprint(r["fingerprint"])) for r in data["runs"])
+        setup = {str(name): BackendSetup(dict(s.get("options", {})), {str(op): int(b) for op, b in s.get("capacity", {}).items()})
+                 for name, s in data["backend_setup"].items()}
+        result = Thresholds(str(data["baseline"]), float(data["margin"]), dict(data["provenance"]), tables, models, runs, setup)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _fail(source, f"malformed ({type(exc).__name__}: {exc})") from None
     seen = set()
     for t in tables:
-        where = f"table {t.op}/{t.dtype}/w{t.world_size}"
-        if t.op not in OPS or t.dtype not in DTYPES or t.world_size < 1:
-            raise _fail(source, f"{where} names an unknown op, dtype or world size")
-        if (t.op, t.dtype, t.world_size) in seen:
+        where = f"table {t.mode}/{t.op}/{t.dtype}/w{t.world_size}"
+        if t.op not in OPS or t.dtype not in DTYPES or t.world_size < 1 or t.mode not in MODES:
+            raise _fail(source, f"{where} names an unknown mode, op, dtype or world size")
+        if t.key in seen:
             raise _fail(source, f"{where} appears twice")
-        seen.add((t.op, t.dtype, t.world_size))
-        _validate_ranges(t.ranges, where, source)
+        seen.add(t.key)
+        validate_ranges(t.ranges, where, source)
+    for name, setup in result.backend_setup.items():
+        if any(op not in OPS or limit < 0 for op, limit in setup.capacity.items()):
+            raise _fail(source, f"backend {name}'s capacity names an unknown op or a negative size")
     return result
 
 
@@ -155,16 +257,17 @@ def load(path: str | Path) -> Thresholds:
 
 
 class Lookup:
-    """(op, dtype, nbytes) -> choice for one world size: a dict get and a bisect per call.
+    """(op, dtype, nbytes) -> choice for one world size and mode: a dict get and a bisect per call.
 
     `resolve` maps a backend name to what `choose` returns (by default the name
-    itself); the communicator resolves names to backend objects once, up front.
+    itself). The runtime's router (arxtune.router) builds its own tables with
+    overrides and capture awareness; this is the plain view of the file.
     """
 
-    def __init__(self, thresholds: Thresholds, world_size: int, resolve: Callable[[str], Any] = str):
+    def __init__(self, thresholds: Thresholds, world_size: int, resolve: Callable[[str], Any] = str, mode: str = "eager"):
         self._tables: dict[tuple, tuple[list[int], list]] = {}
         for t in thresholds.tables:
-            if t.world_size == world_size:
+            if t.world_size == world_size and t.mode == mode:
                 self._tables[(t.op, DTYPES[t.dtype])] = ([r.lo for r in t.ranges[1:]], [resolve(r.backend) for r in t.ranges])
 
     def __bool__(self) -> bool:

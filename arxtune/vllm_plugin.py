@@ -11,18 +11,24 @@ the tensor-parallel group ("tp:*") the subclass
   arxtune.communicator.default_thresholds_path()), checks it fits the group
   (format version, world size, the model's dtype) and that every rank of the
   group loaded the same file,
-- opens the arxtune backends its ranges name (arx, arx2, or any registered
-  backend other than the baseline),
-- logs one line saying which (op, dtype, bytes) ranges it takes.
+- builds arxtune.router's router for the group (the same one the bundled
+  communicator uses): the file's eager and graph tables, ARXTUNE_OVERRIDES,
+  the backends its ranges name (other than the baseline and vLLM's own
+  "vllm_*") opened with the options the file recorded, and the fingerprint
+  check,
+- logs one line: mode tables, capacity, fingerprint status, overrides, and
+  which (mode, op, dtype, bytes) ranges it takes.
 
 Per call, all_reduce, all_gather, reduce_scatter (dim 0) and the sequence-
 parallel hooks custom_all_gather / custom_reduce_scatter go to the backend the
-thresholds choose for (op, dtype, bytes); everything else, every other group,
+router picks for (op, dtype, bytes): from the graph table while a CUDA graph
+is being captured (only backends that can be captured), else the eager table,
+and only within the backend's capacity. Everything else, every other group,
 and every range that names the thresholds' baseline or a vLLM communicator
-("vllm_*") goes to vLLM's own code (super()) unchanged. Sizes follow
-arxtune.collectives: all_reduce by one rank's input bytes, all_gather by the
-gathered bytes, reduce_scatter by its input bytes; a range includes its lower
-bound and excludes its upper bound.
+goes to vLLM's own code (super()) unchanged. Sizes follow arxtune.collectives:
+all_reduce by one rank's input bytes, all_gather by the gathered bytes,
+reduce_scatter by its input bytes; a range includes its lower bound and
+excludes its upper bound.
 
 No file, a bad file, a file that does not fit, ranks that disagree, or a
 backend that cannot start: one warning and vLLM's own behaviour for the
@@ -32,6 +38,7 @@ Switches (environment variables, the same on every rank):
 - ARXTUNE_THRESHOLDS: the thresholds file (default ~/.config/arxtune/thresholds.json,
   where `arxtune calibrate RUN --install` writes).
 - ARXTUNE_VLLM_DISABLE=1: do not install the communicator at all.
+- ARXTUNE_OVERRIDES, ARXTUNE_FINGERPRINT: see arxtune.router.
 - ARXTUNE_VLLM_LOG: what the plugin's logger "vllm.arxtune" says: info (default:
   the start-up line and warnings), calls (also one INFO line per TP collective
   call: op, dtype, bytes, who took it), warning (fallback warnings only),
@@ -49,7 +56,7 @@ from collections import Counter
 
 import torch
 
-from .backends.base import OPS
+from .collectives import OP_SPECS
 
 log = logging.getLogger("vllm.arxtune")  # a child of vLLM's logger: vLLM's handler and format
 
@@ -132,45 +139,10 @@ def wrap(base: type) -> type:
                 {"__module__": __name__, "__qualname__": WRAPPER_NAME, "__doc__": ArxtuneRouting.__doc__})
 
 
-class Routes:
-    """The per-group decision: which backend takes (op, dtype, bytes), or None for vLLM's path."""
-
-    def __init__(self, lookup, backends: dict, cuda: bool):
-        self.lookup = lookup  # resolves straight to backend objects (None: vLLM's path)
-        self.backends = backends
-        self.cuda = cuda
-        self.calls: Counter = Counter()  # (op, backend name or "vllm") -> calls
-        self.log_calls = _log_calls
-
-    def pick(self, op: str, tensor, nbytes: int):
-        backend = self.lookup.choose(op, tensor.dtype, nbytes)
-        if backend is not None and (op not in getattr(backend, "ops", OPS) or not backend.supports(op, tensor.dtype, nbytes)):
-            backend = None
-        if backend is not None and self.cuda and not backend.capturable:
-            if torch.cuda.is_current_stream_capturing():
-                backend = None
-        name = backend.name if backend is not None else VLLM_PATH
-        self.calls[(op, name)] += 1
-        if self.log_calls:
-            log.info("arxtune: %s %s %d bytes -> %s", op, tensor.dtype, nbytes, name)
-        return backend
-
-    def count_vllm(self, op: str, tensor) -> None:
-        """A call of `op` that only vLLM's path can serve (e.g. a reduce-scatter along dim 1)."""
-        self.calls[(op, VLLM_PATH)] += 1
-        if self.log_calls:
-            log.info("arxtune: %s %s %s along another dim -> %s", op, tensor.dtype, tuple(tensor.shape), VLLM_PATH)
-
-    def close(self) -> None:
-        for backend in self.backends.values():
-            backend.close()
-        self.backends = {}
-
-
 class ArxtuneRouting:
     """Thresholds-driven dispatch in front of vLLM's device communicator (see arxtune.vllm_plugin)."""
 
-    arxtune_routes: Routes | None = None
+    arxtune_routes = None  # arxtune.router.Opened: the router, its backends and its start-up line
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -182,17 +154,23 @@ class ArxtuneRouting:
     @property
     def arxtune_calls(self) -> Counter:
         """Calls so far by (op, backend), "vllm" for vLLM's own path; empty outside the TP group."""
-        return self.arxtune_routes.calls if self.arxtune_routes else Counter()
+        return self.arxtune_routes.router.calls if self.arxtune_routes else Counter()
 
-    def _arxtune_pick(self, op: str, tensor, nbytes: int, eligible: bool = True):
+    def _arxtune_pick(self, op: str, tensor, eligible: bool = True):
         """The backend for this call, or None for vLLM's path (`eligible` False: only vLLM can do it)."""
         routes = self.arxtune_routes
         if routes is None:
             return None
         if not eligible:
-            routes.count_vllm(op, tensor)
+            routes.router.count(op)
+            if _log_calls:
+                log.info("arxtune: %s %s %s along another dim -> %s", op, tensor.dtype, tuple(tensor.shape), VLLM_PATH)
             return None
-        return routes.pick(op, tensor, nbytes)
+        nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.world_size)
+        backend = routes.router.pick(op, tensor.dtype, nbytes)
+        if _log_calls:
+            log.info("arxtune: %s %s %d bytes -> %s", op, tensor.dtype, nbytes, backend.name if backend is not None else VLLM_PATH)
+        return backend
 
     def _arxtune_gather(self, backend, input_):
         """Every rank's input concatenated along dim 0."""
@@ -209,7 +187,7 @@ class ArxtuneRouting:
         return out.view(input_.shape[0] // self.world_size, *input_.shape[1:])
 
     def all_reduce(self, input_):
-        backend = self._arxtune_pick("all_reduce", input_, input_.nbytes)
+        backend = self._arxtune_pick("all_reduce", input_)
         if backend is None:
             return super().all_reduce(input_)
         flat = input_.contiguous().view(-1)
@@ -218,8 +196,7 @@ class ArxtuneRouting:
         return out.view(input_.shape)
 
     def all_gather(self, input_, dim: int = -1):
-        nbytes = input_.nbytes * self.world_size
-        backend = self._arxtune_pick("all_gather", input_, nbytes, eligible=input_.dim() > 0)
+        backend = self._arxtune_pick("all_gather", input_, eligible=input_.dim() > 0)
         if backend is None:
             return super().all_gather(input_, dim)
         dim = dim + input_.dim() if dim < 0 else dim
@@ -234,15 +211,14 @@ class ArxtuneRouting:
     def reduce_scatter(self, input_, dim: int = -1):
         dim = dim + input_.dim() if dim < 0 else dim
         eligible = input_.dim() > 0 and dim == 0 and input_.shape[0] % self.world_size == 0
-        backend = self._arxtune_pick("reduce_scatter", input_, input_.nbytes, eligible)
+        backend = self._arxtune_pick("reduce_scatter", input_, eligible)
         if backend is None:
             return super().reduce_scatter(input_, dim)
         return self._arxtune_reduce_scatter(backend, input_)
 
     def custom_all_gather(self, input_):
         """Sequence-parallel gather along dim 0; None hands the call back to vLLM's caller."""
-        nbytes = input_.nbytes * self.world_size
-        backend = self._arxtune_pick("all_gather", input_, nbytes, eligible=input_.dim() > 0)
+        backend = self._arxtune_pick("all_gather", input_, eligible=input_.dim() > 0)
         if backend is not None:
             return self._arxtune_gather(backend, input_)
         inner = getattr(super(), "custom_all_gather", None)
@@ -251,7 +227,7 @@ class ArxtuneRouting:
     def custom_reduce_scatter(self, input_):
         """Sequence-parallel reduce-scatter along dim 0; None hands the call back to vLLM's caller."""
         eligible = input_.dim() > 0 and input_.shape[0] % self.world_size == 0
-        backend = self._arxtune_pick("reduce_scatter", input_, input_.nbytes, eligible)
+        backend = self._arxtune_pick("reduce_scatter", input_, eligible)
         if backend is not None:
             return self._arxtune_reduce_scatter(backend, input_)
         inner = getattr(super(), "custom_reduce_scatter", None)
@@ -268,8 +244,8 @@ class ArxtuneRouting:
 
 # ---- start-up: load, agree across the group, open backends, say what is taken ----
 
-def setup_routes(comm) -> Routes | None:
-    """The routes for one TP communicator, or None (vLLM's path for everything) after one warning."""
+def setup_routes(comm):
+    """The routes for one TP communicator (arxtune.router.Opened), or None (vLLM's path for everything) after one warning."""
     try:
         return _open_routes(comm)
     except Exception as exc:  # start-up must not crash vLLM; the reason is logged
@@ -291,7 +267,8 @@ def _base_name(comm) -> str:
     return next((c.__name__ for c in type(comm).__mro__[1:] if c is not ArxtuneRouting and c.__module__ != __name__), "communicator")
 
 
-def thresholds_fingerprint(thresholds) -> str:
+def thresholds_digest(thresholds) -> str:
+    """A short hash of a file's content, so the ranks of a group can tell they loaded the same one."""
     return hashlib.sha256(json.dumps(thresholds.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -324,18 +301,16 @@ def read_thresholds(world_size: int, model_dtype=None):
     return thresholds, path, ""
 
 
-def _open_routes(comm) -> Routes | None:
+def _open_routes(comm):
     from .backends import GroupContext
-    from .sweep import agreed_reason, open_backends
-    from .config import format_bytes
-    from .distributed import gather_objects
-    from .thresholds import Lookup
+    from .backends.startup import agreed_reason, gather_objects
+    from .router import open_router
 
     world = comm.world_size
     thresholds, path, why = read_thresholds(world, _model_dtype())
-    answers = gather_objects((thresholds_fingerprint(thresholds) if thresholds else "", why), comm.cpu_group)
+    answers = gather_objects((thresholds_digest(thresholds) if thresholds else "", why), comm.cpu_group)
     why = agreed_reason([w for _, w in answers])
-    if not why and len({fp for fp, _ in answers}) > 1:
+    if not why and len({digest for digest, _ in answers}) > 1:
         why = "the ranks of this group loaded different thresholds files (give every node the same one)"
     if why:
         _say(comm, logging.WARNING, why)
@@ -344,23 +319,21 @@ def _open_routes(comm) -> Routes | None:
     def native(name: str) -> bool:  # ranges vLLM's own communicator already serves
         return name == thresholds.baseline or name.startswith("vllm_")
 
-    tables = [t for t in thresholds.tables if t.world_size == world]
-    wanted = sorted({r.backend for t in tables for r in t.ranges if not native(r.backend)})
     device = comm.device
     ctx = GroupContext(comm.rank_in_group, world, device.index or 0, device, comm.cpu_group,
                        comm.device_group if device.type == "cuda" else None)
-    opened, status = open_backends(wanted, ctx)
-    missing = {name: state["reason"] for name, state in status.items() if not state["available"]}
-    if missing:
-        _say(comm, logging.WARNING, "; ".join(f"{n} cannot start ({r})" for n, r in missing.items()) +
-             ("; those ranges use vLLM's path" if opened else ""), everything_to_vllm=not opened)
-    if not opened:
-        if not missing:
+    capturing = torch.cuda.is_current_stream_capturing if device.type == "cuda" else None
+    opened = open_router(thresholds, ctx, VLLM_PATH, native, capturing)
+    taken = opened.router.takes_anything
+    if opened.problems:
+        _say(comm, logging.WARNING, "; ".join(opened.problems) + ("; those ranges use vLLM's path" if taken else ""),
+             everything_to_vllm=not taken)
+    if not taken:
+        opened.close()
+        if not opened.problems:
             _say(comm, logging.INFO, f"the thresholds in {path} give every range to vLLM's {_base_name(comm)}")
         return None
-    taken = [f"{t.op}/{t.dtype} [{format_bytes(r.lo)}, {'inf' if r.hi is None else format_bytes(r.hi)}) -> {r.backend}"
-             for t in tables for r in t.ranges if r.backend in opened]
-    run = thresholds.provenance.get("run_id")
-    _say(comm, logging.INFO, f"takes {'; '.join(taken)}; everything else goes to vLLM's {_base_name(comm)} "
-         f"(thresholds {path}{f', run {run}' if run else ''})")
-    return Routes(Lookup(thresholds, world, resolve=opened.get), opened, device.type == "cuda")
+    run_ids = ", ".join(r.run_id for r in thresholds.runs)
+    _say(comm, logging.INFO, f"{opened.line}; everything else goes to vLLM's {_base_name(comm)} "
+         f"(thresholds {path}{f', runs {run_ids}' if run_ids else ''})")
+    return opened

@@ -74,9 +74,12 @@ def test_sizes_beyond_the_grid_follow_the_models(crossover_run):
     assert lookup.choose("all_reduce", torch.float32, 8) == "fast"
 
 
-def test_provenance_names_the_run(crossover_run):
-    p = calibrate(crossover_run).provenance
-    assert p["run_id"] == "fixture" and p["world_size"] == 2 and p["hostnames"] == ["a", "b"]
+def test_provenance_names_the_run_and_its_fingerprint(crossover_run):
+    t = calibrate(crossover_run)
+    assert t.provenance["runs"] == ["fixture"] and t.provenance["views"] == {"fixture": {"eager": "eager"}}
+    (source,) = t.runs
+    assert source.run_id == "fixture" and source.fingerprint.world_size == 2 and source.fingerprint.hostnames == ("a", "b")
+    assert {(tb.mode, tb.run_id, tb.view) for tb in t.tables} == {("eager", "fixture", "eager")}
 
 
 def test_a_run_with_nothing_correct_is_an_error(tmp_path):
@@ -89,8 +92,9 @@ def test_only_the_asked_mode_is_calibrated(tmp_path):
     """Eager and graph disagree: each mode's table follows its own points."""
     run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 200.0, [1024, 2048, 4096], spread=0.001,
                    graph_latency=lambda b, n: 100.0 if b == "gloo" else 20.0)
-    assert {r.backend for r in calibrate(run, mode="eager").tables[0].ranges} == {"gloo"}
-    assert _measured_winners(calibrate(run, mode="graph")) == {"fast"}
+    t = calibrate(run)
+    assert {r.backend for r in t.table("all_reduce", "float32", 2, mode="eager").ranges} == {"gloo"}
+    assert {r.backend for r in t.table("all_reduce", "float32", 2, mode="graph").ranges if r.source == "measured"} == {"fast"}
 
 
 def test_the_fastest_of_several_winners_wins(tmp_path):
@@ -115,7 +119,8 @@ def test_the_margin_decides_beyond_the_grid_too(tmp_path):
     ({"margin": float("nan")}, "--margin must be a number"),
     ({"margin": -0.1}, "--margin must be a number"),
     ({"baseline": "unknown"}, "baseline 'unknown' was not measured"),
-    ({"mode": "lazy"}, "unknown mode"),
+    ({"views": {"lazy": "eager"}}, "unknown runtime mode"),
+    ({"views": {"graph": "eager"}}, "graph table can be fed by the graph timing view"),
 ])
 def test_bad_calibration_settings_are_refused(crossover_run, kwargs, needle):
     with pytest.raises(ArxtuneError, match=needle):
@@ -127,3 +132,85 @@ def test_the_fit_ignores_samples_that_are_not_times():
     alpha, bw = fit_alpha_beta(nbytes, np.array([np.nan, 0.0, 12.0 + 4096 / 25e3, 12.0 + 8192 / 25e3]))
     assert alpha == pytest.approx(12.0, rel=1e-6) and bw == pytest.approx(25.0, rel=1e-6)
     assert fit_alpha_beta(nbytes, np.array([np.inf, 0.0, np.nan, 5.0])) is None
+
+
+def _crossover(crossover_at):
+    """'fast' wins below about `crossover_at` bytes, gloo above."""
+    return lambda b, n, *mode: 5 + n / 1000 if b == "fast" else 5 + crossover_at / 1000
+
+
+SIZES = [1 << k for k in range(10, 21)]
+
+
+def test_runs_of_two_world_sizes_merge_into_one_file(tmp_path):
+    w2 = make_run(tmp_path, _crossover(8192), SIZES, world=2, run_id="w2")
+    w3 = make_run(tmp_path, _crossover(65536), SIZES, world=3, run_id="w3")
+    t = calibrate([w2, w3])
+    assert t.world_sizes == {2, 3} and [r.run_id for r in t.runs] == ["w2", "w3"]
+    assert Lookup(t, 2).choose("all_reduce", torch.float32, 32768) == "gloo"
+    assert Lookup(t, 3).choose("all_reduce", torch.float32, 32768) == "fast"
+    assert t.table("all_reduce", "float32", 3).run_id == "w3"
+
+
+def test_eager_and_graph_tables_from_one_run(tmp_path):
+    def latency(b, n, mode, op):  # in graphs 'fast' wins everywhere; eagerly only small sizes
+        return 1.0 if (b == "fast" and mode == "graph") else _crossover(8192)(b, n)
+
+    t = calibrate(make_run(tmp_path, latency, SIZES, modes=("eager", "graph")))
+    assert {tb.mode for tb in t.tables} == {"eager", "graph"}
+    assert Lookup(t, 2, mode="graph").choose("all_reduce", torch.float32, 1 << 19) == "fast"
+    assert Lookup(t, 2, mode="eager").choose("all_reduce", torch.float32, 1 << 19) == "gloo"
+    assert {m.mode for m in t.models} == {"eager", "graph"}
+
+
+def test_the_eager_table_can_come_from_another_view(tmp_path):
+    def latency(b, n, mode, op):
+        return 1.0 if (b == "fast" and mode == "isolated") else _crossover(8192)(b, n)
+
+    run = make_run(tmp_path, latency, SIZES, modes=("eager", "isolated"))
+    default = calibrate(run)
+    assert default.table("all_reduce", "float32", 2).view == "eager"
+    isolated = calibrate(run, views={"eager": "isolated"})
+    assert isolated.table("all_reduce", "float32", 2).view == "isolated"
+    assert Lookup(isolated, 2).choose("all_reduce", torch.float32, 1 << 19) == "fast"
+
+
+def test_the_same_key_twice_is_an_error_unless_one_run_is_preferred(tmp_path):
+    first = make_run(tmp_path, _crossover(8192), SIZES, run_id="first")
+    second = make_run(tmp_path, _crossover(65536), SIZES, run_id="second")
+    with pytest.raises(ArxtuneError, match="runs first and second both measure all_reduce/float32 at world size 2 for eager; pass --prefer"):
+        calibrate([first, second])
+    t = calibrate([first, second], prefer="second")
+    assert t.table("all_reduce", "float32", 2).run_id == "second" and [r.run_id for r in t.runs] == ["second"]
+    assert Lookup(t, 2).choose("all_reduce", torch.float32, 32768) == "fast"
+    with pytest.raises(ArxtuneError, match="--prefer third is none of the runs"):
+        calibrate([first, second], prefer="third")
+
+
+def test_runs_from_different_clusters_need_a_preference(tmp_path):
+    here = make_run(tmp_path, _crossover(8192), SIZES, run_id="here", device_names=["GB10", "GB10"])
+    there = make_run(tmp_path, _crossover(8192), SIZES, world=3, run_id="there", device_names=["H200"] * 3)
+    with pytest.raises(ArxtuneError, match="different clusters"):
+        calibrate([here, there])
+    assert calibrate([here, there], prefer="here").world_sizes == {2, 3}
+
+
+def test_model_ranges_stop_at_the_backends_capacity(tmp_path):
+    # 'fast' is faster everywhere, but was opened with 64 KiB of buffer for all_reduce.
+    status = {"fast": {"options": {"max_bytes": 65536}, "capacity": {"all_reduce": 65536}}}
+    run = make_run(tmp_path, lambda b, n: 1 + n / 1e5 if b == "fast" else 50 + n / 1e4, SIZES,
+                   statuses={("fast", s): "unsupported" for s in SIZES if s > 65536}, status_extra=status)
+    t = calibrate(run)
+    lookup = Lookup(t, 2)
+    assert lookup.choose("all_reduce", torch.float32, 65536) == "fast"  # capacity is inclusive
+    assert lookup.choose("all_reduce", torch.float32, 65537) == "gloo"
+    assert lookup.choose("all_reduce", torch.float32, 1 << 30) == "gloo"
+    assert t.backend_setup["fast"].options == {"max_bytes": 65536}
+
+
+def test_different_backend_options_are_a_conflict(tmp_path):
+    small = make_run(tmp_path, _crossover(8192), SIZES, run_id="small", status_extra={"fast": {"options": {"max_bytes": 4096}}})
+    big = make_run(tmp_path, _crossover(8192), SIZES, world=3, run_id="big", status_extra={"fast": {"options": {"max_bytes": 8192}}})
+    with pytest.raises(ArxtuneError, match="opened fast with different options"):
+        calibrate([small, big])
+    assert calibrate([small, big], prefer="big").backend_setup["fast"].options == {"max_bytes": 8192}

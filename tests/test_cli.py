@@ -48,6 +48,24 @@ def test_calibrate_install_writes_where_deployments_look(crossover_run, tmp_path
     assert load(target).margin == pytest.approx(0.1)
 
 
+def test_calibrate_merges_several_runs_into_one_file(tmp_path):
+    from helpers.runs import make_run
+
+    latency = lambda b, n: 5 + n / 1000 if b == "fast" else 20.0  # noqa: E731
+    sizes = [1 << k for k in range(10, 16)]
+    w2 = make_run(tmp_path, latency, sizes, world=2, run_id="w2")
+    again = make_run(tmp_path, latency, sizes, world=2, run_id="again")
+    w3 = make_run(tmp_path, latency, sizes, world=3, run_id="w3")
+    assert "--out FILE" in _one_line_error(invoke("calibrate", w2.path, w3.path))
+    result = invoke("calibrate", w2.path, w3.path, "--out", tmp_path / "t.json", "--export", "table")
+    assert result.exit_code == 0, result.output
+    assert load(tmp_path / "t.json").world_sizes == {2, 3} and "thresholds from runs w2, w3" in result.output
+    assert "pass --prefer RUN" in _one_line_error(invoke("calibrate", w2.path, again.path, "--out", tmp_path / "u.json"))
+    result = invoke("calibrate", w2.path, again.path, "--out", tmp_path / "u.json", "--prefer", again.path)
+    assert result.exit_code == 0, result.output
+    assert [r.run_id for r in load(tmp_path / "u.json").runs] == ["again"]
+
+
 def test_missing_run(tmp_path):
     assert "not an arxtune run" in _one_line_error(invoke("calibrate", tmp_path / "nope"))
 

@@ -25,6 +25,10 @@ from .base import BackendUnavailable, GroupContext
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64})
 
 
+#: RdmaConfig fields that change what a measurement means (not timeouts, ports or GID indices).
+SHAPING_OPTIONS = ("devices", "max_bytes", "chunk_bytes", "slots", "stripe_min_bytes")
+
+
 def resolve_config(ctx: GroupContext, name: str) -> RdmaConfig:
     return RdmaConfig.resolve({**ctx.options_for("arx"), **ctx.options_for(name)})
 
@@ -52,6 +56,15 @@ class _Arx:
         if op == "all_gather":
             return True
         return op in ("all_reduce", "reduce_scatter") and nbytes <= self.cfg.max_bytes
+
+    def capacity(self) -> dict[str, int]:
+        """all_reduce and reduce_scatter inputs up to max_bytes (the registered buffers); all_gather has no limit."""
+        return {"all_reduce": self.cfg.max_bytes, "reduce_scatter": self.cfg.max_bytes}
+
+    def effective_options(self) -> dict:
+        """The settings that shape what it measures, to be stored with a run and used again at runtime."""
+        return {key: list(value) if isinstance(value, tuple) else value
+                for key in SHAPING_OPTIONS if (value := getattr(self.cfg, key)) is not None}
 
     def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
         self.coll.all_gather(inp, out)

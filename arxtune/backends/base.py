@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from ..collectives import OPS  # the ops are defined once, in collectives
+
 
 class BackendUnavailable(Exception):
     """Raised by a backend's constructor when it cannot run here; the reason is stored in results."""
@@ -42,7 +44,6 @@ class GroupContext:
         return dict(self.options.get(backend, {}))
 
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 class Backend(Protocol):

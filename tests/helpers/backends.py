@@ -11,19 +11,50 @@ class CountingGloo(GlooBackend):
     """gloo that counts its calls, so a test can see which backend a communicator picked."""
 
     name = "counting"
-    calls: dict[str, int] = {}
+    calls: dict[str, int] = {}  # every class below keeps its own
+
+    def _count(self, op):
+        type(self).calls[op] = type(self).calls.get(op, 0) + 1
 
     def all_reduce(self, inp, out):
-        CountingGloo.calls["all_reduce"] = CountingGloo.calls.get("all_reduce", 0) + 1
+        self._count("all_reduce")
         super().all_reduce(inp, out)
 
     def all_gather(self, inp, out):
-        CountingGloo.calls["all_gather"] = CountingGloo.calls.get("all_gather", 0) + 1
+        self._count("all_gather")
         super().all_gather(inp, out)
 
     def reduce_scatter(self, inp, out):
-        CountingGloo.calls["reduce_scatter"] = CountingGloo.calls.get("reduce_scatter", 0) + 1
+        self._count("reduce_scatter")
         super().reduce_scatter(inp, out)
+
+
+class CapturableCounting(CountingGloo):
+    """Says it can be captured in a CUDA graph: what the router may use while (a stand-in for) capture runs."""
+
+    name = "capcounting"
+    capturable = True
+    calls: dict[str, int] = {}
+
+
+class LimitedCounting(CountingGloo):
+    """Takes all_reduce / reduce_scatter inputs up to its `max_bytes` option (default 1 KiB), like arx's buffers."""
+
+    name = "limited"
+    calls: dict[str, int] = {}
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.max_bytes = int(ctx.options_for(self.name).get("max_bytes", 1024))
+
+    def supports(self, op, dtype, nbytes):
+        return op == "all_gather" or nbytes <= self.max_bytes
+
+    def capacity(self):
+        return {"all_reduce": self.max_bytes, "reduce_scatter": self.max_bytes}
+
+    def effective_options(self):
+        return {"max_bytes": self.max_bytes}
 
 
 class OffByOne(GlooBackend):

@@ -10,10 +10,11 @@ ARXTUNE_VLLM_TEST_BACKEND (default gloo; arx in the soft-RoCE guest).
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
-from arxtune.thresholds import Range, Table, Thresholds
+from arxtune.thresholds import Fingerprint, Range, SourceRun, Table, Thresholds
 
 from vllm_tier import TEST_BACKEND, run_tp, vllm_env
 
@@ -45,13 +46,26 @@ EXPECTED = {
 
 
 def routing_thresholds(backend: str, world: int = 2) -> Thresholds:
-    """vLLM's path everywhere except a few ranges that `backend` takes."""
-    return Thresholds(baseline=VLLM, margin=0.05, provenance={"run_id": "tests-vllm-routing"}, tables=(
+    """A merged file as `arxtune calibrate` writes one for a deployment: eager and graph tables, two world sizes.
+
+    At `world`, eagerly: vLLM's path everywhere except a few ranges that `backend` takes; the graph tables
+    (never used on CPU: nothing is captured) and the other world size's send everything to `backend`, so a
+    call that took the wrong table goes to the wrong place.
+    """
+    other = world + 1
+    eager = (
         Table("all_reduce", "float32", world, (Range(0, KiB, VLLM), Range(KiB, 16 * KiB, backend), Range(16 * KiB, None, VLLM))),
         Table("all_reduce", "bfloat16", world, (Range(0, None, backend),)),
         Table("all_gather", "float32", world, (Range(0, 4 * KiB, VLLM), Range(4 * KiB, None, backend))),
         Table("reduce_scatter", "float32", world, (Range(0, 4 * KiB, backend), Range(4 * KiB, None, VLLM))),
-    ))
+    )
+    everything = tuple(Table(t.op, t.dtype, t.world_size, (Range(0, None, backend),), "graph", f"w{world}", "graph") for t in eager)
+    elsewhere = tuple(Table(t.op, t.dtype, other, (Range(0, None, backend),), mode, f"w{other}", mode)
+                      for t in eager for mode in ("eager", "graph"))
+    eager = tuple(Table(t.op, t.dtype, t.world_size, t.ranges, "eager", f"w{world}", "eager") for t in eager)
+    runs = tuple(SourceRun(f"w{w}", Fingerprint(w, "cpu", (socket.gethostname(),) * w, ("cpu",) * w)) for w in (world, other))
+    return Thresholds(baseline=VLLM, margin=0.05, provenance={"runs": [r.run_id for r in runs]}, tables=eager + everything + elsewhere,
+                      runs=runs)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +88,7 @@ def tp_run(tmp_path_factory):
         "nofile": missing,
         "notjson": str(files["not_json"]),
         "version99": str(files["version99"]),
-        "world4": str(files["world4"]),
+        "world4": str(files["world4"]),  # tables for worlds 4 and 5 only
         "nosuch": str(files["nosuch_backend"]),
         "onlyrank0": [str(files["good"]), missing],
         "good": str(files["good"]),
@@ -94,14 +108,16 @@ def test_startup_says_which_ranges_it_takes(tp_run):
     infos = [msg for level, msg in rank0["startup_log"] if level == "INFO" and "bytes ->" not in msg]
     assert len(infos) == 1, rank0["startup_log"]
     line = infos[0]
-    assert line.startswith("arxtune: tp:0 (world 2): takes ")
-    assert f"all_reduce/float32 [1KiB, 16KiB) -> {B}" in line
-    assert f"all_gather/float32 [4KiB, inf) -> {B}" in line
+    assert line.startswith("arxtune: tp:0 (world 2): tables eager 4, graph 4, capacity ")
+    assert "fingerprint matches run w2" in line and "overrides none" in line
+    assert f"eager all_reduce/float32 [1KiB, 16KiB) -> {B}" in line
+    assert f"eager all_gather/float32 [4KiB, inf) -> {B}" in line
+    assert "graph " not in line.split(" takes ")[1], "the graph tables name only backends that cannot be captured"
     assert "everything else goes to vLLM's CpuCommunicator" in line
     assert ".config/arxtune/thresholds.json" in line  # found at the default location
     assert not [m for lvl, m in rank0["startup_log"] if lvl == "WARNING"]
     assert not [m for lvl, m in rank1["startup_log"] if lvl == "INFO"], "one line per group, from its rank 0"
-    assert "arxtune: tp:0 (world 2): takes" in rank0["output"], "the line goes through vLLM's log handler"
+    assert "arxtune: tp:0 (world 2): tables eager" in rank0["output"], "the line goes through vLLM's log handler"
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
@@ -148,7 +164,7 @@ def test_unknown_version_falls_back_with_a_warning(tp_run):
 
 
 def test_wrong_world_size_falls_back_with_a_warning(tp_run):
-    assert "tables for world sizes [4], not 2" in fallback(tp_run, "world4")
+    assert "tables for world sizes [4, 5], not 2" in fallback(tp_run, "world4")
 
 
 def test_backend_that_cannot_start_falls_back_with_a_warning(tp_run):

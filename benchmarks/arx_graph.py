@@ -25,38 +25,9 @@ import torch  # noqa: E402
 
 from arxtune.collectives import elements_per_rank, expected_output, make_input, mismatch  # noqa: E402
 from arxtune.rdma.config import RdmaConfig  # noqa: E402
-from arxtune.rdma.graph.gpu import GpuRank  # noqa: E402
-from arxtune.rdma.graph.session import open_local  # noqa: E402
+from arxtune.rdma.graph.gpu import RanksOnOneGpu  # noqa: E402
 
 OPS_PER_GRAPH = 10
-
-
-class Pair:
-    """`world` GPU ranks in this process on one GPU, one stream each."""
-
-    def __init__(self, world: int, max_bytes: int, timeout_s: float):
-        cfg = RdmaConfig(max_bytes=max_bytes, timeout_s=timeout_s)
-        self.ranks = [GpuRank(s, torch.device("cuda", 0)) for s in open_local(cfg, world)]
-        self.streams = [torch.cuda.Stream() for _ in self.ranks]
-
-    def collective(self, op: str, ins, outs) -> None:
-        """One collective on every rank, each on its stream, joined back into the current stream."""
-        cur = torch.cuda.current_stream()
-        for s in self.streams:
-            s.wait_stream(cur)
-        for rank, s, i, o in zip(self.ranks, self.streams, ins, outs):
-            with torch.cuda.stream(s):
-                getattr(rank, op)(i, o)
-        for s in self.streams:
-            cur.wait_stream(s)
-
-    def check(self) -> None:
-        for r in self.ranks:
-            r.check()
-
-    def close(self) -> None:
-        for r in self.ranks:
-            r.close()
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:
@@ -123,7 +94,7 @@ def main() -> int:
         return 2
     dtype, rows = torch.bfloat16, []
 
-    floor = Pair(1, 4096, a.timeout_s)
+    floor = RanksOnOneGpu(1, RdmaConfig(max_bytes=4096, timeout_s=a.timeout_s))
     g = capture(lambda: floor.ranks[0].handshake())
     floor_us = statistics.median(time_graph(g, a.warmup, a.samples))
     floor_eager = statistics.median(time_eager(lambda: floor.ranks[0].handshake(), a.warmup, a.samples))
@@ -133,7 +104,7 @@ def main() -> int:
     rows.append({"op": "handshake", "mode": "graph", "bytes": 0, "median_us": floor_us})
     rows.append({"op": "handshake", "mode": "eager", "bytes": 0, "median_us": floor_eager})
 
-    pair = Pair(a.world, a.max_bytes, a.timeout_s)
+    pair = RanksOnOneGpu(a.world, RdmaConfig(max_bytes=a.max_bytes, timeout_s=a.timeout_s))
     dev = torch.device("cuda", 0)
     for nbytes in sizes(a.min_bytes, a.max_bytes):
         n = elements_per_rank("all_reduce", nbytes, a.world, 2)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from ..config import RdmaConfig
 from ..errors import RdmaUnavailable
 from .plan import inbox_bytes
 from .segment import CONTROL_BYTES, OP_CODES
-from .session import Session
+from .session import Session, open_local
 
 _HOST_REGISTER_PORTABLE, _HOST_REGISTER_MAPPED = 1, 2
 #: dtypes the kernels sum exactly as the CPU stand-in does (float32 accumulation for 16-bit floats)
@@ -91,6 +92,34 @@ class GpuRank:
         torch.cuda.synchronize(self.device)
         torch.cuda.cudart().cudaHostUnregister(self.s.segment.address)
         self.s.close()
+
+
+class RanksOnOneGpu:
+    """`world` GPU ranks in this process on one GPU, one stream each, over the shared-memory fabric:
+    the one-GPU pairing for tests and benchmarks (the kernels of different ranks run concurrently)."""
+
+    def __init__(self, world: int, cfg: RdmaConfig, device: int = 0):
+        self.ranks = [GpuRank(s, torch.device("cuda", device)) for s in open_local(cfg, world)]
+        self.streams = [torch.cuda.Stream() for _ in self.ranks]
+
+    def collective(self, op: str, ins, outs) -> None:
+        """One collective on every rank, each on its stream, joined back into the current stream."""
+        cur = torch.cuda.current_stream()
+        for s in self.streams:
+            s.wait_stream(cur)
+        for rank, s, i, o in zip(self.ranks, self.streams, ins, outs):
+            with torch.cuda.stream(s):
+                getattr(rank, op)(i, o)
+        for s in self.streams:
+            cur.wait_stream(s)
+
+    def check(self) -> None:
+        for r in self.ranks:
+            r.check()
+
+    def close(self) -> None:
+        for r in self.ranks:
+            r.close()
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -42,7 +42,7 @@ class GpuRank:
             if int(rc) != 0:
                 raise RdmaUnavailable(f"arxg: cudaHostRegister of the shared segment failed (error {int(rc)}); "
                                       "the GPU cannot reach host memory here")
-            self.counter = torch.zeros(2, dtype=torch.int64, device=device)  # (step, programs arrived)
+            self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # step, arrived, 2 verdicts (kernels.py)
         self.data = seg.address + CONTROL_BYTES
         self.ctrl = HostPtr(seg.address, torch.int64)
         self.flags = HostPtr(self.data + session.layout.flags_base, torch.int64)
@@ -62,6 +62,8 @@ class GpuRank:
             s.check()
         n_in = inp.numel()
         nbytes = n_in * inp.element_size()
+        if nbytes > L.slot_bytes:
+            raise ValueError(f"arxg: {op} input of {nbytes} bytes exceeds max_bytes = {L.slot_bytes}")
         slot_elems = L.slot_bytes // inp.element_size()
         staging, inbox = self._ptr(L.staging(0), inp.dtype), self._ptr(L.inbox(0, 0), inp.dtype)
         k.stage_kernel[(triton_cdiv(n_in, k.BLOCK),)](inp, staging, self.ctrl, self.counter, n_in, slot_elems, nbytes,

@@ -73,6 +73,7 @@ def _open_transport(args: ProxyArgs, seg: Segment, exchange):
 def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
     """Answer doorbells until the parent dies. Every staged step is sent, in order."""
     ctrl, L = seg.control, seg.layout
+    plans: dict[tuple[int, int], tuple] = {}  # (op code, bytes) -> (op name, writes)
     done, idle, last_check = int(ctrl[SENT]), 0, time.monotonic()
     while True:
         rung = int(ctrl[DOORBELL])
@@ -89,12 +90,17 @@ def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
         idle = 0
         for seq in range(done + 1, rung + 1):
             step = seq - 1
-            slot = L.slot(step)
-            op = OP_NAMES.get(int(ctrl[DESC + 2 * slot]), "unknown")
-            nbytes = int(ctrl[DESC + 2 * slot + 1])
+            desc = DESC + 2 * L.slot(step)
+            key = (int(ctrl[desc]), int(ctrl[desc + 1]))
+            entry = plans.get(key)
+            if entry is None:
+                op = OP_NAMES.get(key[0], "unknown")
+                entry = plans[key] = (op, plan(op, key[1], rank, world))
+            op, writes = entry
             transport.begin(step, op)
-            for w in plan(op, nbytes, rank, world):
-                transport.put(step, w.peer, L.staging(step) + w.src_offset, L.inbox(step, rank), w.nbytes, op)
+            staging, inbox = L.staging(step), L.inbox(step, rank)
+            for w in writes:
+                transport.put(step, w.peer, staging + w.src_offset, inbox, w.nbytes, op)
             transport.wait_sends(step, op)
             ctrl[SENT] = seq
         done = rung

@@ -22,8 +22,8 @@ from .proxy import ProxyArgs, ProxyHandle
 from .segment import DESC, DOORBELL, SENT, ERR_PEER_TIMEOUT, ERR_PROXY_TIMEOUT, OP_NAMES, Segment, segment_path
 
 TRANSPORTS = ("auto", "shm", "verbs")
-#: a proxy imports torch before it answers: seconds on a loaded machine
-SETUP_TIMEOUT_S = 60.0
+#: a proxy imports torch before it answers: seconds on a loaded machine, minutes in an emulated guest
+SETUP_TIMEOUT_S = 300.0
 
 
 @dataclass

@@ -32,7 +32,7 @@ test-vllm:
 # The GPU tier uses whichever Python has CUDA torch: this venv's, or the machine's own python3.
 GPU_PYTHON ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
 test-gpu:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q tests/test_gpu.py tests/rdma/test_device_tensors_fake.py -m "not rdma"
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q tests/test_gpu.py tests/test_arx_graph_gpu.py tests/rdma/test_device_tensors_fake.py -m "not rdma"
 
 bench: venv
 	$(BIN)/python benchmarks/dispatch_overhead.py

@@ -91,6 +91,7 @@ def _backend_rows(cfg: RdmaConfig) -> list[tuple[str, str]]:
     reasons["arx"] = reasons["arx2"] = arx
     no_cuda = None if torch.cuda.is_available() else "needs CUDA tensors; no CUDA GPU"
     reasons["symm_mem"] = reasons["symm_mem2"] = no_cuda
+    reasons["arxg"] = no_cuda or (None if importlib.util.find_spec("triton") else "needs Triton (ships with CUDA torch)")
     no_vllm = None if importlib.util.find_spec("vllm") else "vllm is not installed (pip install 'arxtune[vllm]')"
     reasons["vllm_cpu"] = no_vllm
     for name in ("vllm_pynccl", "vllm_custom_ar", "vllm_symm_mem"):

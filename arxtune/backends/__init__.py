@@ -17,6 +17,7 @@ REGISTRY: dict[str, str] = {
     "nccl": "arxtune.backends.torch_dist:NcclBackend",
     "arx": "arxtune.backends.arx:ArxOneShot",
     "arx2": "arxtune.backends.arx:ArxTwoShot",
+    "arxg": "arxtune.backends.arx_graph:ArxGraph",
     "symm_mem": "arxtune.backends.symm_mem:SymmMemOneShot",
     "symm_mem2": "arxtune.backends.symm_mem:SymmMemTwoShot",
     "vllm_cpu": "arxtune.backends.vllm_cpu:VllmCpuBackend",

@@ -82,8 +82,12 @@ class _Nic:
 class Transport:
     """Put bytes from our staging area into a peer's inbox, flag them, and wait for flags."""
 
-    def __init__(self, cfg: RdmaConfig, endpoints: list[Endpoint], rank: int, world: int):
-        """Open devices and register memory: local work only; `connect` does the collective part."""
+    def __init__(self, cfg: RdmaConfig, endpoints: list[Endpoint], rank: int, world: int,
+                 buf: torch.Tensor | None = None):
+        """Open devices and register memory: local work only; `connect` does the collective part.
+
+        `buf`: memory to register instead of a buffer of our own (a uint8 CPU tensor of
+        at least Layout.total_bytes), e.g. the shared segment the graph engine's proxy serves."""
         if PYVERBS_IMPORT_ERROR is not None:
             raise RdmaUnavailable(f"arx: pyverbs is not importable ({PYVERBS_IMPORT_ERROR}); install python3-pyverbs")
         self.cfg, self.rank, self.world = cfg, rank, world
@@ -91,7 +95,10 @@ class Transport:
         self.layout = Layout(world=world, slots=cfg.slots, slot_bytes=cfg.max_bytes, ndev=len(endpoints))
         self.peers = [(rank + i) % world for i in range(1, world)]  # staggered so no rank is everyone's first
         # pinned only where a GPU will copy from it; registration pins the pages either way
-        self.buf = torch.zeros(self.layout.total_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        if buf is not None and (buf.dtype != torch.uint8 or buf.numel() < self.layout.total_bytes):
+            raise RdmaUnavailable(f"arx: an external buffer must be uint8 of at least {self.layout.total_bytes} bytes")
+        self.buf = buf if buf is not None else torch.zeros(
+            self.layout.total_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         self.base = self.buf.data_ptr()
         L = self.layout
         self.flags = self.buf[L.flags_base : L.total_bytes].view(torch.int64).numpy()
@@ -288,12 +295,14 @@ class Transport:
             self.nics = []
 
 
-def open_transport(cfg: RdmaConfig, rank: int, world: int, exchange: Exchange, devices=None) -> Transport:
+def open_transport(cfg: RdmaConfig, rank: int, world: int, exchange: Exchange, devices=None,
+                   buf: torch.Tensor | None = None) -> Transport:
     """Discover, open, exchange and connect, agreeing with every rank at each collective step.
 
     A rank that cannot run still joins both exchanges (carrying its reason), so the
     others raise the same RdmaUnavailable instead of waiting for it forever.
-    `devices` is the sysfs discovery result (read_devices()) when the caller already has it.
+    `devices` is the sysfs discovery result (read_devices()) when the caller already has it;
+    `buf` is memory to register instead of the transport's own buffer.
     """
     from .device import check_memlock, read_devices, select_endpoints
 
@@ -301,7 +310,7 @@ def open_transport(cfg: RdmaConfig, rank: int, world: int, exchange: Exchange, d
     try:
         endpoints = select_endpoints(cfg, read_devices() if devices is None else devices)
         check_memlock(Layout(world, cfg.slots, cfg.max_bytes, len(endpoints)).total_bytes)
-        transport = Transport(cfg, endpoints, rank, world)
+        transport = Transport(cfg, endpoints, rank, world, buf)
     except RdmaUnavailable as exc:
         error = str(exc)
     except Exception as exc:  # carried to every rank and raised there: a lone failure must not hang the rest

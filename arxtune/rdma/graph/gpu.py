@@ -1,0 +1,128 @@
+"""The GPU rank: launches the kernels against its segment; capturable, no host sync per call.
+
+The segment is mapped here and registered with CUDA (cudaHostRegister, portable
+and mapped); with unified addressing the GPU reaches it at the same address.
+`check()` reads the error word: call it after synchronising (graph replays) to
+turn a timed-out wait into an error naming peer and op; eager calls run it first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import RdmaConfig
+from ..errors import RdmaUnavailable
+from .plan import inbox_bytes
+from .segment import CONTROL_BYTES, OP_CODES
+from .session import Session, open_local
+
+_HOST_REGISTER_PORTABLE, _HOST_REGISTER_MAPPED = 1, 2
+#: dtypes the kernels sum exactly as the CPU stand-in does (float32 accumulation for 16-bit floats)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32)
+
+
+class HostPtr:
+    """A typed pointer into registered host memory, passed to Triton like a tensor."""
+
+    def __init__(self, address: int, dtype: torch.dtype):
+        self.address, self.dtype = address, dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+class GpuRank:
+    def __init__(self, session: Session, device: torch.device):
+        from . import kernels  # Triton: imported only where a GPU rank runs
+
+        self.k, self.s, self.device = kernels, session, device
+        seg = session.segment
+        with torch.cuda.device(device):
+            rc = torch.cuda.cudart().cudaHostRegister(seg.address, seg.size, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
+            if int(rc) != 0:
+                raise RdmaUnavailable(f"arxg: cudaHostRegister of the shared segment failed (error {int(rc)}); "
+                                      "the GPU cannot reach host memory here")
+            self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # step, arrived, 2 verdicts (kernels.py)
+        self.data = seg.address + CONTROL_BYTES
+        self.ctrl = HostPtr(seg.address, torch.int64)
+        self.flags = HostPtr(self.data + session.layout.flags_base, torch.int64)
+        self.timeout_ns = int(session.cfg.timeout_s * 1e9)
+        self._ptrs: dict[tuple, HostPtr] = {}
+
+    def _ptr(self, offset: int, dtype: torch.dtype) -> HostPtr:
+        p = self._ptrs.get((offset, dtype))
+        if p is None:
+            p = self._ptrs[(offset, dtype)] = HostPtr(self.data + offset, dtype)
+        return p
+
+    def run(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> None:
+        """Stage, ring, wait, finish: two kernels on the current stream, recorded if it is capturing."""
+        s, L, k = self.s, self.s.layout, self.k
+        if not torch.cuda.is_current_stream_capturing():
+            s.check()
+        n_in = inp.numel()
+        nbytes = n_in * inp.element_size()
+        if nbytes > L.slot_bytes:
+            raise ValueError(f"arxg: {op} input of {nbytes} bytes exceeds max_bytes = {L.slot_bytes}")
+        slot_elems = L.slot_bytes // inp.element_size()
+        staging, inbox = self._ptr(L.staging(0), inp.dtype), self._ptr(L.inbox(0, 0), inp.dtype)
+        k.stage_kernel[(triton_cdiv(n_in, k.BLOCK),)](inp, staging, self.ctrl, self.counter, n_in, slot_elems, nbytes,
+                                                       OP_CODES[op], self.timeout_ns, BLOCK=k.BLOCK)
+        n = inbox_bytes(op, nbytes, s.world) // inp.element_size()
+        k.finish_kernel[(triton_cdiv(n, k.BLOCK),)](
+            inp, out, inbox, self.flags, self.ctrl, self.counter, s.rank, n, slot_elems, s.flag_devices(op, nbytes),
+            self.timeout_ns, OP=OP_CODES[op], WORLD=s.world, NDEV=L.ndev, INT_ACC=not inp.dtype.is_floating_point,
+            BLOCK=k.BLOCK)
+
+    def all_reduce(self, inp, out):
+        self.run("all_reduce", inp, out)
+
+    def all_gather(self, inp, out):
+        self.run("all_gather", inp, out)
+
+    def reduce_scatter(self, inp, out):
+        self.run("reduce_scatter", inp, out)
+
+    def handshake(self) -> None:
+        """Ring and wait for the proxy, nothing else: the floor of a step (every rank must do the same)."""
+        self.k.handshake_kernel[(1,)](self.ctrl, self.counter, OP_CODES["handshake"], self.timeout_ns)
+
+    def check(self) -> None:
+        self.s.check()
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.cudart().cudaHostUnregister(self.s.segment.address)
+        self.s.close()
+
+
+class RanksOnOneGpu:
+    """`world` GPU ranks in this process on one GPU, one stream each, over the shared-memory fabric:
+    the one-GPU pairing for tests and benchmarks (the kernels of different ranks run concurrently)."""
+
+    def __init__(self, world: int, cfg: RdmaConfig, device: int = 0):
+        self.ranks = [GpuRank(s, torch.device("cuda", device)) for s in open_local(cfg, world)]
+        self.streams = [torch.cuda.Stream() for _ in self.ranks]
+
+    def collective(self, op: str, ins, outs) -> None:
+        """One collective on every rank, each on its stream, joined back into the current stream."""
+        cur = torch.cuda.current_stream()
+        for s in self.streams:
+            s.wait_stream(cur)
+        for rank, s, i, o in zip(self.ranks, self.streams, ins, outs):
+            with torch.cuda.stream(s):
+                getattr(rank, op)(i, o)
+        for s in self.streams:
+            cur.wait_stream(s)
+
+    def check(self) -> None:
+        for r in self.ranks:
+            r.check()
+
+    def close(self) -> None:
+        for r in self.ranks:
+            r.close()
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return max(1, (a + b - 1) // b)

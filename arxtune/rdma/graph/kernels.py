@@ -1,0 +1,245 @@
+"""Triton kernels of the graph engine: stage + ring, then wait + finish.
+
+Both read the step number from a device-resident counter (step, programs
+arrived, stage verdict, finish verdict) that the first kernel advances, so a captured graph replays correctly any number of times. The
+segment is host memory registered with CUDA; the kernels read and write it
+directly. Ordering: staging stores, then a system-scope fence, then the
+doorbell store with release semantics; flags are read with system-scope
+acquire loads before the payload they guard. Every wait is bounded by
+%globaltimer: on timeout it records the error in the segment and the kernel
+skips its work instead of spinning forever.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import segment as _seg
+
+BLOCK = 4096  # elements per program
+
+# control-word indices and error codes, as compile-time constants for the kernels
+DESC = tl.constexpr(_seg.DESC)
+DOORBELL = tl.constexpr(_seg.DOORBELL)
+SENT = tl.constexpr(_seg.SENT)
+ERROR = tl.constexpr(_seg.ERROR)
+ERROR_PEER = tl.constexpr(_seg.ERROR_PEER)
+ERROR_SEQ = tl.constexpr(_seg.ERROR_SEQ)
+ERR_PEER_TIMEOUT = tl.constexpr(_seg.ERR_PEER_TIMEOUT)
+ERR_PROXY_TIMEOUT = tl.constexpr(_seg.ERR_PROXY_TIMEOUT)
+
+
+@triton.jit
+def _load_sys(ptr):
+    """Acquire-load a word of host memory. Triton runs scalar code on every thread, and 128 threads
+    polling a host word cost 128 PCIe reads a poll: lane 0 of each warp reads and broadcasts."""
+    return tl.inline_asm_elementwise("""{
+        .reg .pred p;
+        .reg .u32 lane;
+        .reg .b32 lo, hi;
+        mov.u32 lane, %laneid;
+        setp.eq.u32 p, lane, 0;
+        mov.b64 $0, 0;
+        @p ld.acquire.sys.global.u64 $0, [$1];
+        mov.b64 {lo, hi}, $0;
+        shfl.sync.idx.b32 lo, lo, 0, 0x1f, 0xffffffff;
+        shfl.sync.idx.b32 hi, hi, 0, 0x1f, 0xffffffff;
+        mov.b64 $0, {lo, hi};
+    }""", "=l,l", [ptr], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_sys(ptr, value):
+    """Release-store a word of host memory, from thread 0 of the program only."""
+    tl.inline_asm_elementwise("""{
+        .reg .pred p;
+        .reg .u32 tid;
+        mov.u32 tid, %tid.x;
+        setp.eq.u32 p, tid, 0;
+        @p st.release.sys.global.u64 [$1], $2;
+        mov.u32 $0, 0;
+    }""", "=r,l,l", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_sys_relaxed(ptr, value):
+    """Store a word of host memory from thread 0, unordered (a release store follows it)."""
+    tl.inline_asm_elementwise("""{
+        .reg .pred p;
+        .reg .u32 tid;
+        mov.u32 tid, %tid.x;
+        setp.eq.u32 p, tid, 0;
+        @p st.relaxed.sys.global.u64 [$1], $2;
+        mov.u32 $0, 0;
+    }""", "=r,l,l", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _load_gpu(ptr):
+    """Acquire-load a word of device memory (lane 0 of each warp, broadcast)."""
+    return tl.inline_asm_elementwise("""{
+        .reg .pred p;
+        .reg .u32 lane;
+        .reg .b32 lo, hi;
+        mov.u32 lane, %laneid;
+        setp.eq.u32 p, lane, 0;
+        mov.b64 $0, 0;
+        @p ld.acquire.gpu.global.u64 $0, [$1];
+        mov.b64 {lo, hi}, $0;
+        shfl.sync.idx.b32 lo, lo, 0, 0x1f, 0xffffffff;
+        shfl.sync.idx.b32 hi, hi, 0, 0x1f, 0xffffffff;
+        mov.b64 $0, {lo, hi};
+    }""", "=l,l", [ptr], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_gpu(ptr, value):
+    """Release-store a word of device memory from thread 0."""
+    tl.inline_asm_elementwise("""{
+        .reg .pred p;
+        .reg .u32 tid;
+        mov.u32 tid, %tid.x;
+        setp.eq.u32 p, tid, 0;
+        @p st.release.gpu.global.u64 [$1], $2;
+        mov.u32 $0, 0;
+    }""", "=r,l,l", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _fence_sys():
+    tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _now_ns():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait_at_least(word, want, ctrl, deadline, code, peer):
+    """Spin until *word >= want (host memory), another wait failed, or the deadline; True when it arrived.
+
+    Every poll is a PCIe round trip, so the error word is read only every 32nd poll."""
+    v = _load_sys(word)
+    err = v * 0
+    polls = v * 0
+    now = _now_ns()
+    while (v < want) & (err == 0) & (now < deadline):
+        v = _load_sys(word)
+        now = _now_ns()
+        polls += 1
+        if polls % 32 == 0:
+            err = _load_sys(ctrl + ERROR)
+    ok = v >= want
+    if v < want:
+        err = _load_sys(ctrl + ERROR)
+        if err == 0:
+            _store_sys(ctrl + ERROR_PEER, peer)
+            _store_sys(ctrl + ERROR_SEQ, want)
+            _store_sys(ctrl + ERROR, code)
+    return ok
+
+
+@triton.jit
+def _gate_wait(gate, seq, deadline):
+    """Programs other than 0 wait for program 0's verdict on this step in device memory
+    (+seq: arrived, -seq: failed): one poller of host memory per kernel, not one per program
+    (polls of one host word by many programs serialise on PCIe)."""
+    g = _load_gpu(gate)
+    now = _now_ns()
+    while (g != seq) & (g != -seq) & (now < deadline):
+        g = _load_gpu(gate)
+        now = _now_ns()
+    return g == seq
+
+
+@triton.jit
+def stage_kernel(inp, staging, ctrl, counter, n, slot_elems, nbytes, op_code, timeout_ns, BLOCK: tl.constexpr):
+    """Copy the input into this step's staging slot; the last program to finish rings the doorbell."""
+    pid = tl.program_id(0)
+    step = tl.load(counter)
+    seq = step + 1
+    slot = step % 2
+    deadline = _now_ns() + timeout_ns
+    # the slot is free once the proxy finished sending step - 2 from it
+    if pid == 0:
+        ok = _wait_at_least(ctrl + SENT, seq - 2, ctrl, deadline, ERR_PROXY_TIMEOUT, -1)
+        _store_gpu(counter + 2, tl.where(ok, seq, -seq))
+    else:
+        ok = _gate_wait(counter + 2, seq, deadline)
+    if ok:
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(staging + slot * slot_elems + offs, tl.load(inp + offs, mask=mask), mask=mask)
+    _fence_sys()
+    tl.debug_barrier()  # every thread's staging stores are fenced before thread 0 arrives
+    arrived = tl.atomic_add(counter + 1, 1, sem="acq_rel")
+    if arrived == tl.num_programs(0) - 1:
+        _fence_sys()
+        tl.store(counter + 1, 0)
+        tl.store(counter, seq)
+        _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
+        _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, nbytes)
+        _store_sys(ctrl + DOORBELL, seq)
+
+
+@triton.jit
+def finish_kernel(inp, out, inbox, flags, ctrl, counter, rank, n, slot_elems, ndev_used, timeout_ns,
+                  OP: tl.constexpr, WORLD: tl.constexpr, NDEV: tl.constexpr, INT_ACC: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Wait for every peer's flags of this step, then sum (OP 0, 2) or gather (OP 1) in rank order.
+
+    OP 0 all_reduce: out[i] = sum_src part_src[i]; OP 1 all_gather: out[src*n + i] = part_src[i];
+    OP 2 reduce_scatter: like 0, this rank's part is inp[rank*n:]. Parts of peers come from the inbox."""
+    pid = tl.program_id(0)
+    step = tl.load(counter) - 1
+    seq = step + 1
+    slot = step % 2
+    deadline = _now_ns() + timeout_ns
+    if pid == 0:
+        ok = seq > 0
+        for src in tl.static_range(WORLD):
+            if src != rank:
+                for dev in tl.static_range(NDEV):
+                    if dev < ndev_used:
+                        got = _wait_at_least(flags + (slot * WORLD + src) * NDEV + dev, seq, ctrl, deadline,
+                                             ERR_PEER_TIMEOUT, src)
+                        ok = ok & got
+        _store_gpu(counter + 3, tl.where(ok, seq, -seq))
+    else:
+        ok = _gate_wait(counter + 3, seq, deadline)
+    if ok:
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        if INT_ACC:
+            acc = tl.zeros([BLOCK], dtype=tl.int32)
+        else:
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for src in tl.static_range(WORLD):
+            if src == rank:
+                if OP == 2:
+                    x = tl.load(inp + rank * n + offs, mask=mask)
+                else:
+                    x = tl.load(inp + offs, mask=mask)
+            else:
+                x = tl.load(inbox + (slot * WORLD + src) * slot_elems + offs, mask=mask)
+            if OP == 1:
+                tl.store(out + src * n + offs, x, mask=mask)
+            else:
+                acc += x.to(acc.dtype)
+        if OP != 1:
+            tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def handshake_kernel(ctrl, counter, op_code, timeout_ns):
+    """Ring the doorbell for a step with no payload and wait for the proxy's answer: a step's floor."""
+    step = tl.load(counter)
+    seq = step + 1
+    slot = step % 2
+    _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
+    _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, 0)
+    _store_sys(ctrl + DOORBELL, seq)
+    _wait_at_least(ctrl + SENT, seq, ctrl, _now_ns() + timeout_ns, ERR_PROXY_TIMEOUT, -1)
+    tl.store(counter, seq)

@@ -1,0 +1,190 @@
+"""The proxy process of one rank: answers the doorbell in its segment by posting writes.
+
+Why a process: a proxy thread inside the inference process shares its GIL, and
+a handshake then costs ~1 ms; a separate process answers in microseconds. It is
+started with a fresh interpreter (no CUDA state inherited), dies with its parent
+(it checks the parent pid while idle; PR_SET_PDEATHSIG would fire when the
+*thread* that started it exits, which kills proxies started from a worker
+thread), and reports a
+failure in the segment's error word, where the GPU kernels and the rank see it.
+
+Set-up talks to the parent over stdin/stdout, one pickled message a line: the
+transport's set-up exchanges go to the parent, which relays them over its gloo
+group (`ProxyHandle.start`), so the proxy needs no rendezvous of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from ..errors import RdmaError, RdmaTimeout, RdmaUnavailable
+from ..protocol import Layout
+from .plan import plan
+from .segment import DESC, DOORBELL, ERR_PROXY_FAILED, OP_NAMES, READY, SENT, Segment
+
+_IDLE_SPINS = 20_000  # then yield the CPU at every poll (more spinners than cores must not starve)
+_PARENT_CHECK_S = 0.5
+
+
+@dataclass(frozen=True)
+class ProxyArgs:
+    """Everything the proxy needs, sent as its first line."""
+
+    segment: str
+    layout: tuple[int, int, int, int]  # Layout(world, slots, slot_bytes, ndev)
+    rank: int
+    world: int
+    transport: str  # "shm" or "verbs"
+    rdma_config: object = None  # RdmaConfig for "verbs"
+
+
+def _send(stream, obj) -> None:
+    stream.write(base64.b64encode(pickle.dumps(obj)) + b"\n")
+    stream.flush()
+
+
+def _recv(stream):
+    line = stream.readline()
+    if not line:
+        raise EOFError("the other side closed the pipe")
+    return pickle.loads(base64.b64decode(line))
+
+
+# ---- the proxy process ------------------------------------------------------------
+def _open_transport(args: ProxyArgs, seg: Segment, exchange):
+    if args.transport == "shm":
+        from .fabric import open_fabric
+
+        return open_fabric(seg, args.rank, args.world, exchange)
+    if args.transport == "verbs":
+        from ..connection import open_transport
+
+        return open_transport(args.rdma_config, args.rank, args.world, exchange, buf=seg.data_tensor())
+    raise RdmaUnavailable(f"arxg: unknown transport {args.transport!r}; use 'shm' or 'verbs'")
+
+
+def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
+    """Answer doorbells until the parent dies. Every staged step is sent, in order."""
+    ctrl, L = seg.control, seg.layout
+    plans: dict[tuple[int, int], tuple] = {}  # (op code, bytes) -> (op name, writes)
+    done, idle, last_check = int(ctrl[SENT]), 0, time.monotonic()
+    while True:
+        rung = int(ctrl[DOORBELL])
+        if rung == done:
+            idle += 1
+            if idle > _IDLE_SPINS:
+                os.sched_yield()
+                now = time.monotonic()
+                if now - last_check > _PARENT_CHECK_S:
+                    last_check = now
+                    if os.getppid() != parent:
+                        return
+            continue
+        idle = 0
+        for seq in range(done + 1, rung + 1):
+            step = seq - 1
+            desc = DESC + 2 * L.slot(step)
+            key = (int(ctrl[desc]), int(ctrl[desc + 1]))
+            entry = plans.get(key)
+            if entry is None:
+                op = OP_NAMES.get(key[0], "unknown")
+                entry = plans[key] = (op, plan(op, key[1], rank, world))
+            op, writes = entry
+            transport.begin(step, op)
+            staging, inbox = L.staging(step), L.inbox(step, rank)
+            for w in writes:
+                transport.put(step, w.peer, staging + w.src_offset, inbox, w.nbytes, op)
+            transport.wait_sends(step, op)
+            ctrl[SENT] = seq
+        done = rung
+
+
+def main() -> int:
+    parent = os.getppid()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write to the message pipe
+    args: ProxyArgs = _recv(stdin)
+    seg = Segment(args.segment, Layout(*args.layout))
+
+    def exchange(obj):
+        _send(stdout, ("exchange", obj))
+        return _recv(stdin)
+
+    try:
+        transport = _open_transport(args, seg, exchange)
+    except (RdmaUnavailable, RdmaError, ValueError, OSError) as exc:
+        _send(stdout, ("error", str(exc)))
+        return 1
+    seg.control[READY] = os.getpid()
+    _send(stdout, ("ready", None))
+    try:
+        serve(seg, transport, args.rank, args.world, parent)
+    except Exception as exc:  # any failure must reach the rank through the segment, not vanish
+        peer = getattr(exc, "peer", None)
+        seg.set_error(ERR_PROXY_FAILED, -1 if peer is None else peer, int(seg.control[SENT]) + 1,
+                      f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        transport.close()
+    return 0
+
+
+# ---- the parent's side ----------------------------------------------------------
+class ProxyHandle:
+    """The running proxy of this rank, seen from the rank."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    @classmethod
+    def start(cls, args: ProxyArgs, exchange, timeout_s: float) -> ProxyHandle:
+        """Start the proxy, relay its set-up exchanges through `exchange`, return once it serves.
+
+        Raises RdmaUnavailable with the proxy's reason, or RdmaTimeout if it stays silent."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen([sys.executable, "-m", "arxtune.rdma.graph.proxy"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env)
+        handle = cls(proc)
+        try:
+            _send(proc.stdin, args)
+            while True:
+                ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+                if not ready:
+                    raise RdmaTimeout(f"arxg: the proxy said nothing for {timeout_s:g} s during set-up", op="connect")
+                try:
+                    kind, payload = _recv(proc.stdout)
+                except EOFError:
+                    raise RdmaUnavailable(f"arxg: the proxy exited during set-up (code {proc.wait()}); "
+                                          "its error is on stderr above") from None
+                if kind == "ready":
+                    return handle
+                if kind == "error":
+                    raise RdmaUnavailable(payload)
+                _send(proc.stdin, exchange(payload))
+        except BaseException:
+            handle.close()
+            raise
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

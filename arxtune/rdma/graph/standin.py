@@ -1,0 +1,96 @@
+"""The CPU stand-in: a CPU rank running the GPU side's protocol against its proxy.
+
+It stages into its segment, rings the doorbell, polls flags and finishes the step
+(sum in fixed rank order, float32 accumulation for 16-bit floats, as the kernels
+do), so its results are bit-identical to a GPU rank's. It pairs with a GPU rank
+on a one-GPU machine, and stands in for the GPU where there is none (the RDMA tier).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ..protocol import seq_of
+from .plan import inbox_bytes
+from .segment import DESC, DOORBELL, ERR_PEER_TIMEOUT, ERR_PROXY_TIMEOUT, OP_CODES, SENT
+from .session import Session
+
+_SPINS_BEFORE_YIELD = 2000
+
+
+def accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums are taken in, on the GPU and here alike."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class CpuRank:
+    """Stateful like the GPU side: every rank must call the same ops in the same order."""
+
+    def __init__(self, session: Session):
+        self.s = session
+        self.step = 0
+
+    def _wait(self, words, index: int, want: int, code: int, peer: int, seq: int) -> None:
+        deadline, spins = time.monotonic() + self.s.cfg.timeout_s, 0
+        while words[index] < want:
+            spins += 1
+            if spins > _SPINS_BEFORE_YIELD:
+                os.sched_yield()
+                if spins % 64 == 0:
+                    self.s.check()
+                    if time.monotonic() > deadline:
+                        self.s.segment.set_error(code, peer, seq)
+                        self.s.check()
+
+    def run(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> None:
+        """One collective (shapes as in backends.base), CPU tensors."""
+        s, seg, L = self.s, self.s.segment, self.s.layout
+        k, seq = self.step, seq_of(self.step)
+        nbytes = inp.numel() * inp.element_size()
+        s.check()
+        self._wait(seg.control, SENT, seq - 2, ERR_PROXY_TIMEOUT, -1, seq - 2)  # staging slot free
+        seg.typed(L.staging(k), inp.numel(), inp.dtype).copy_(inp.reshape(-1))
+        seg.control[DESC + 2 * L.slot(k)] = OP_CODES[op]
+        seg.control[DESC + 2 * L.slot(k) + 1] = nbytes
+        seg.control[DOORBELL] = seq
+        self.step += 1
+        ndev = s.flag_devices(op, nbytes)
+        for src in range(s.world):
+            if src != s.rank:
+                for dev in range(ndev):
+                    self._wait(seg.flags, L.flag_index(k, src, dev), seq, ERR_PEER_TIMEOUT, src, seq)
+        n = inbox_bytes(op, nbytes, s.world) // inp.element_size()
+        flat_in = inp.reshape(-1)
+        own = flat_in[s.rank * n:(s.rank + 1) * n] if op == "reduce_scatter" else flat_in
+        parts = [own if src == s.rank else seg.typed(L.inbox(k, src), n, inp.dtype) for src in range(s.world)]
+        flat = out.reshape(-1)
+        if op == "all_gather":
+            for src, part in enumerate(parts):
+                flat[src * n:(src + 1) * n] = part
+            return
+        acc = torch.zeros(n, dtype=accumulator(inp.dtype))
+        for part in parts:
+            acc += part
+        flat.copy_(acc)
+
+    def all_reduce(self, inp, out):
+        self.run("all_reduce", inp, out)
+
+    def all_gather(self, inp, out):
+        self.run("all_gather", inp, out)
+
+    def reduce_scatter(self, inp, out):
+        self.run("reduce_scatter", inp, out)
+
+    def handshake(self) -> None:
+        """Ring and wait for the proxy's answer, nothing else (the floor of a step)."""
+        s, seg, L = self.s, self.s.segment, self.s.layout
+        k, seq = self.step, seq_of(self.step)
+        seg.control[DESC + 2 * L.slot(k)] = OP_CODES["handshake"]
+        seg.control[DESC + 2 * L.slot(k) + 1] = 0
+        seg.control[DOORBELL] = seq
+        self.step += 1
+        self._wait(seg.control, SENT, seq, ERR_PROXY_TIMEOUT, -1, seq)

@@ -65,14 +65,33 @@ def engine_args(spec: dict) -> dict:
     return args
 
 
-def serve_headless(spec: dict) -> dict:
-    """This node's share of the workers, until the head node's engine goes away (vLLM's `serve --headless`)."""
+def head_is_up(addr: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((addr, port), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def serve_headless(spec: dict, poll_s: float = 2.0) -> dict:
+    """This node's share of the workers (as vLLM's `serve --headless`) until the head's engine is gone.
+
+    vLLM's headless workers never learn that the head finished; the head's
+    rank 0 worker holds torch's store on master_port while its engine lives,
+    so three refused connections in a row end this arm on this node.
+    """
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
     config = EngineArgs(**engine_args(spec)).create_engine_config(headless=True)
-    executor = MultiprocExecutor(config, monitor_workers=False)
-    executor.start_worker_monitor(inline=True)
+    executor = MultiprocExecutor(config, monitor_workers=False)  # returns once the workers joined the head
+    refused = 0
+    while refused < 3:
+        time.sleep(poll_s)
+        refused = 0 if head_is_up(spec["master_addr"], spec["master_port"]) else refused + 1
+    executor.shutdown()
     return {"headless": True}
 
 

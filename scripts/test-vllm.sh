@@ -28,7 +28,7 @@ in_guest() { # timeout, memory (MB), then the command; arx is the routed backend
 
 if [[ "${1:-}" == --engine-in-guest ]]; then
     code=0
-    in_guest 4200 10240 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs tests/vllm/test_engine.py \
+    in_guest 4200 10240 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --basetemp .cache/guest-engine tests/vllm/test_engine.py \
         -k "same_tokens or both_kinds" || code=1
     echo "test-vllm: engine in the guest $(( $(date +%s) - start - venv_s )) s, exit $code"
     exit $code

@@ -30,6 +30,8 @@ B = TEST_BACKEND
 SHAPE = dict(prompts=4, prompt_tokens=16, decode_tokens=8, rounds=2)
 #: Engine start-up is ~1 min on a 2-core machine; far longer in the guest.
 ENGINE_TIMEOUT_S = max(600.0, RUN_TIMEOUT_S)
+#: The module's engines start inside the first test that needs them.
+pytestmark = pytest.mark.timeout(3 * ENGINE_TIMEOUT_S)
 
 
 def routed_thresholds(world: int = 2):

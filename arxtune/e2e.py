@@ -126,6 +126,8 @@ def _vocab_size(model: str) -> int:
 
 def engine_spec(cfg: E2EConfig) -> dict:
     model_dir = Path(cfg.model)
+    if model_dir == TINY_MODEL and not model_dir.is_dir():
+        raise ArxtuneError(f"the default model {TINY_MODEL} ships with arxtune's repository, not its wheel; pass --model")
     if model_dir.is_dir() and not (model_dir / "config.json").is_file():
         raise ArxtuneError(f"{model_dir} has no config.json; pass a model directory or name with --model")
     has_weights = model_dir.is_dir() and any(p.suffix in (".safetensors", ".bin", ".pt") for p in model_dir.iterdir())

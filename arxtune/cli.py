@@ -271,6 +271,58 @@ def show(path: Path = typer.Argument(..., help="A run directory or a thresholds 
 
 
 @app.command()
+def e2e(
+    thresholds: Optional[Path] = typer.Option(None, help="Thresholds file for the 'thresholds' arm (default: the installed one, $ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
+    no_thresholds: bool = typer.Option(False, "--no-thresholds", help="No 'thresholds' arm (e.g. only --force arms)."),
+    force: Optional[str] = typer.Option(None, help="Comma list of backends, each forced alone for every call in its own arm, e.g. gloo,arx."),
+    model: Optional[str] = typer.Option(None, help="Model directory or name (default: the tiny Llama config shipped in configs/models, dummy weights)."),
+    load_format: str = typer.Option("", help="vLLM load format (default: dummy for a directory without weights)."),
+    tp: int = typer.Option(2, "--tp", help="Tensor-parallel size (across all nodes)."),
+    dtype: str = typer.Option("bfloat16", help="Model dtype."),
+    max_model_len: int = typer.Option(256, help="vLLM max_model_len."),
+    prompts: int = typer.Option(4, help="Prompts per batch."),
+    prompt_tokens: int = typer.Option(16, help="Tokens per prompt."),
+    decode_tokens: int = typer.Option(32, help="Tokens generated per prompt (greedy)."),
+    rounds: int = typer.Option(5, help="Timed batches per engine, after one warm-up batch."),
+    repeats: int = typer.Option(2, help="Engines per arm; arms alternate A B A B."),
+    out: str = typer.Option("results", help="Directory for e2e runs."),
+    run_id: Optional[str] = typer.Option(None, help="Name of the run directory (default: e2e-TIME-HOST-tpN)."),
+    timeout_s: float = typer.Option(900.0, help="Seconds one engine may take (start-up and all rounds)."),
+    nnodes: int = typer.Option(1, help="Nodes (vLLM's multiprocessing multi-node launch); run the same command on each."),
+    node_rank: int = typer.Option(0, help="This node's rank; 0 runs the engine and writes the result."),
+    master_addr: str = typer.Option("127.0.0.1", help="Address of node 0, reachable from every node."),
+    master_port: int = typer.Option(29501, help="Port on node 0 for vLLM's process group."),
+) -> None:
+    """Run vLLM's engine with and without the thresholds; compare decode time per token and tokens.
+
+    Run it with the Python that has vLLM (e.g. .venv-vllm/bin/arxtune). Examples:
+
+      arxtune e2e --thresholds results/RUN/thresholds.json
+
+      arxtune e2e --no-thresholds --force gloo --repeats 3
+
+      arxtune e2e --model /models/llama --tp 2 --nnodes 2 --node-rank 0 --master-addr node0   # and --node-rank 1 on node1
+    """
+    from .communicator import default_thresholds_path
+    from .e2e import E2EConfig, load_result, report_lines, run_e2e
+
+    try:
+        chosen = None if no_thresholds else str(thresholds or default_thresholds_path())
+        cfg = E2EConfig(thresholds=chosen, force=tuple(b for b in (force or "").split(",") if b),
+                        model=model or E2EConfig.model, load_format=load_format, tensor_parallel_size=tp, dtype=dtype,
+                        max_model_len=max_model_len, prompts=prompts, prompt_tokens=prompt_tokens,
+                        decode_tokens=decode_tokens, rounds=rounds, repeats=repeats, out=out, timeout_s=timeout_s,
+                        nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
+        run_dir = run_e2e(cfg, run_id=run_id, say=lambda line: typer.echo(line, err=True))
+        if node_rank == 0:
+            for line in report_lines(load_result(run_dir)):
+                typer.echo(line)
+            typer.echo(f"result: {run_dir / 'e2e.json'}\nplot:   {run_dir / 'e2e.png'}")
+    except ArxtuneError as exc:
+        _fail(exc)
+
+
+@app.command()
 def doctor() -> None:
     """List RDMA devices, GIDs, limits and GPUs, and which backends can run here."""
     try:

@@ -4,6 +4,10 @@
 # The tier fails, never skips, when vLLM is missing (ARXTUNE_REQUIRE_VLLM=1).
 # Extra arguments go to pytest, e.g. scripts/test-vllm.sh -k fallback -x.
 # Then the routing test runs again inside the soft-RoCE guest with arx as the routed backend.
+#
+# `scripts/test-vllm.sh --engine-in-guest` (make test-vllm-guest-engine) instead runs vLLM's
+# engine test (tests/vllm/test_engine.py, two engines, arx routed for decode sizes) inside the
+# guest: the engine's start-up under the software CPU takes far longer than CI allows.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,8 +15,25 @@ start=$(date +%s)
 VENV="$(bash "$ROOT/scripts/venv-vllm.sh" | tail -n 1)"
 venv_s=$(( $(date +%s) - start ))
 echo "test-vllm: venv $VENV ready after ${venv_s} s"
-
 cd "$ROOT"
+
+in_guest() { # timeout, memory (MB), then the command; arx is the routed backend, pyverbs from Debian's package
+    local timeout=$1 mem=$2; shift 2
+    bash scripts/rdma_lab/lab.sh setup || return 1
+    mkdir -p .cache/pyverbs-path && ln -sfn /usr/lib/python3/dist-packages/pyverbs .cache/pyverbs-path/pyverbs
+    PYTHONPATH="$ROOT/.cache/pyverbs-path" ARXTUNE_VLLM_TEST_BACKEND=arx ARXTUNE_REQUIRE_VLLM=1 \
+        ARXTUNE_VLLM_TEST_TIMEOUT=$(( timeout - 600 )) \
+        bash scripts/rdma_lab/lab.sh run --mem "$mem" --timeout "$timeout" -- "$@"
+}
+
+if [[ "${1:-}" == --engine-in-guest ]]; then
+    code=0
+    in_guest 4200 10240 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --basetemp .cache/guest-engine tests/vllm/test_engine.py \
+        -k "same_tokens or both_kinds" || code=1
+    echo "test-vllm: engine in the guest $(( $(date +%s) - start - venv_s )) s, exit $code"
+    exit $code
+fi
+
 set +e
 echo "test-vllm: [1/2] tests/vllm, routed backend gloo"
 ARXTUNE_REQUIRE_VLLM=1 "$VENV/bin/python" -m pytest tests/vllm -p no:cacheprovider -ra "$@"
@@ -23,11 +44,7 @@ tier_s=$(( $(date +%s) - start - venv_s ))
 # soft-RoCE devices in the lab guest (software CPU: vLLM's start-up takes minutes).
 echo "test-vllm: [2/2] the two-rank vLLM run routed to arx, inside the soft-RoCE guest"
 guest_start=$(date +%s)
-bash scripts/rdma_lab/lab.sh setup || code=1
-mkdir -p .cache/pyverbs-path && ln -sfn /usr/lib/python3/dist-packages/pyverbs .cache/pyverbs-path/pyverbs
-PYTHONPATH="$ROOT/.cache/pyverbs-path" ARXTUNE_VLLM_TEST_BACKEND=arx ARXTUNE_REQUIRE_VLLM=1 ARXTUNE_VLLM_TEST_TIMEOUT=1800 \
-    bash scripts/rdma_lab/lab.sh run --timeout 2400 -- \
-    "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs tests/vllm/test_plugin_tp.py || code=1
+in_guest 2400 4096 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs tests/vllm/test_plugin_tp.py || code=1
 set -e
 echo "test-vllm: venv ${venv_s} s, tier ${tier_s} s, guest leg $(( $(date +%s) - guest_start )) s, exit $code"
 exit $code

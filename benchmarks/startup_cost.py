@@ -73,8 +73,9 @@ def main() -> None:
         for i in range(args.repeats):
             row = {}
             for code in (CHILD, PLUGIN_CHILD):
-                out = subprocess.run([sys.executable, "-c", code, str(path), str(29600 + i)], env=env, capture_output=True,
-                                     text=True, timeout=120, check=True)
+                # cwd matters: `python -c` puts it first on sys.path.
+                out = subprocess.run([sys.executable, "-c", code, str(path), str(29600 + i)], env=env, cwd=args.src,
+                                     capture_output=True, text=True, timeout=120, check=True)
                 row.update(json.loads(out.stdout.strip().splitlines()[-1]))
             rows.append(row)
     print(f"arxtune from {args.src} ({args.repeats} fresh processes, medians)")

@@ -46,8 +46,8 @@ comm = arxtune.communicator.Communicator.from_env(sys.argv[1])
 t3 = time.perf_counter()
 harness = sorted(m for m in ("arxtune.sweep", "arxtune.results", "arxtune.timing", "pandas", "matplotlib") if m in sys.modules)
 comm.close()
-dist.destroy_process_group()
-print(json.dumps({"import_ms": (t1 - t0) * 1e3, "construct_ms": (t3 - t2) * 1e3, "harness": harness}))
+print(json.dumps({"import_ms": (t1 - t0) * 1e3, "construct_ms": (t3 - t2) * 1e3, "harness": harness}), flush=True)
+os._exit(0)  # no gloo teardown: it is not what is measured, and it has been seen to abort
 """
 
 PLUGIN_CHILD = r"""
@@ -73,8 +73,9 @@ def main() -> None:
         for i in range(args.repeats):
             row = {}
             for code in (CHILD, PLUGIN_CHILD):
-                out = subprocess.run([sys.executable, "-c", code, str(path), str(29600 + i)], env=env, capture_output=True,
-                                     text=True, timeout=120, check=True)
+                # cwd matters: `python -c` puts it first on sys.path.
+                out = subprocess.run([sys.executable, "-c", code, str(path), str(29600 + i)], env=env, cwd=args.src,
+                                     capture_output=True, text=True, timeout=120, check=True)
                 row.update(json.loads(out.stdout.strip().splitlines()[-1]))
             rows.append(row)
     print(f"arxtune from {args.src} ({args.repeats} fresh processes, medians)")

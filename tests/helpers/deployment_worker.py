@@ -93,5 +93,6 @@ comm.close()
 
 harness = [m for m in ("arxtune.sweep", "arxtune.results", "arxtune.timing", "arxtune.calibrate", "pandas", "matplotlib") if m in sys.modules]
 assert not harness, harness
+print("deployment ok", flush=True)
+dist.barrier()  # leave together: a rank tearing gloo down while a peer still talks to it can abort the peer
 dist.destroy_process_group()
-print("deployment ok")

@@ -18,6 +18,7 @@ def test_sweep_with_arx_and_arx2_writes_run_thresholds_and_plot():
     import shutil
 
     from arxtune.results import load_run
+    from arxtune.thresholds import load
 
     out_dir = REPO / ".cache" / "rdma-tier"
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -36,7 +37,16 @@ def test_sweep_with_arx_and_arx2_writes_run_thresholds_and_plot():
         assert run.meta.backends[name]["available"], run.meta.backends[name]
         statuses = {p.status for p in run.records if p.backend == name}
         assert statuses == {"ok"}, (name, [(p.op, p.size, p.status, p.error) for p in run.records if p.backend == name and p.status != "ok"])
-    assert (out_dir / "rdma-tier" / "thresholds.json").is_file()
+    # What shaped arx's measurement is recorded, and the thresholds never hand it more than it takes.
+    for name in ("arx", "arx2"):
+        assert run.meta.backends[name]["capacity"] == {"all_reduce": 1 << 20, "reduce_scatter": 1 << 20}, run.meta.backends[name]
+        assert run.meta.backends[name]["options"]["max_bytes"] == 1 << 20
+    thresholds = load(out_dir / "rdma-tier" / "thresholds.json")
+    assert thresholds.backend_setup["arx"].options["max_bytes"] == 1 << 20
+    for table in thresholds.tables:
+        for r in table.ranges:
+            if r.backend in ("arx", "arx2") and table.op != "all_gather":
+                assert r.hi is not None and r.hi <= (1 << 20) + 1, (table.op, table.dtype, r)
     assert (out_dir / "rdma-tier" / "plot.png").stat().st_size > 10_000
     frame = run.frame()
     medians = frame[(frame.op == "all_reduce") & (frame.dtype == "float32")].pivot(index="nbytes", columns="backend", values="median_us")

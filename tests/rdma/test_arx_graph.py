@@ -14,10 +14,17 @@ import torch
 from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
 from arxtune.rdma.config import RdmaConfig
 from arxtune.rdma.errors import RdmaTimeout
+from arxtune.rdma.graph import session as session_mod
 from arxtune.rdma.graph.session import open_local
 from arxtune.rdma.graph.standin import CpuRank
 
-pytestmark = [pytest.mark.rdma, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.rdma, pytest.mark.timeout(1500)]
+
+
+@pytest.fixture(autouse=True)
+def _slow_proxy_start(monkeypatch):
+    """Under software emulation a proxy needs minutes to import torch and pyverbs, more with 3 starting at once."""
+    monkeypatch.setattr(session_mod, "SETUP_TIMEOUT_S", 900.0)
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -312,6 +312,7 @@ def plot_e2e(result: dict, out: Path) -> Path:
             ax.errorbar([i + 0.15], [m["median_us"] / 1e3], yerr=[[(m["median_us"] - m["ci_low_us"]) / 1e3], [(m["ci_high_us"] - m["median_us"]) / 1e3]],
                         fmt="o", color="black", capsize=4)
         ax.set_xticks(range(len(arms)), arms)
+        ax.set_yscale("log")  # a loaded machine's outliers would flatten everything else
         ax.set_ylabel("ms")
         ax.set_title(title)
         ax.grid(alpha=0.3)

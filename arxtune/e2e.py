@@ -196,6 +196,7 @@ def summarize_arms(arms: list[str], engines: list[dict]) -> dict:
             "engines": len(mine), "decode_us_per_token": decode, "prefill_us": prefill,
             "decode": asdict(summarize(decode)), "prefill": asdict(summarize(prefill)),
             "calls": {str(rank): dict(sorted(c.items())) for rank, c in sorted(workers.items())},
+            "plugin": any(w["calls"] is not None for e in mine for w in e["workers"]),
             "tokens_identical": reference is not None and all(t == reference for t in tokens),
         }
     return summary
@@ -285,7 +286,8 @@ def report_lines(result: dict) -> list[str]:
         tokens = "reference" if arm == BASELINE_ARM else ("identical" if s["tokens_identical"] else "DIFFERENT")
         calls = "; ".join(f"tp{rank}: " + ", ".join(f"{k} {n}" for k, n in c.items()) for rank, c in s["calls"].items() if c)
         decode = f"{d['median_us'] / 1e3:.3f} [{d['ci_low_us'] / 1e3:.3f}, {d['ci_high_us'] / 1e3:.3f}]"
-        lines.append(f"{arm:<14}{decode:<36}{p['median_us'] / 1e3:<12.3f}{tokens:<12}{calls or 'plugin off'}")
+        calls = calls or ("nothing routed" if s.get("plugin") else "plugin off")
+        lines.append(f"{arm:<14}{decode:<36}{p['median_us'] / 1e3:<12.3f}{tokens:<12}{calls}")
     for arm, r in result["ratio_vs_vllm"].items():
         lines.append(f"{arm} vs vLLM default: decode time per token x{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (< 1 is faster)")
     return lines
@@ -310,6 +312,7 @@ def plot_e2e(result: dict, out: Path) -> Path:
             ax.errorbar([i + 0.15], [m["median_us"] / 1e3], yerr=[[(m["median_us"] - m["ci_low_us"]) / 1e3], [(m["ci_high_us"] - m["median_us"]) / 1e3]],
                         fmt="o", color="black", capsize=4)
         ax.set_xticks(range(len(arms)), arms)
+        ax.set_yscale("log")  # a loaded machine's outliers would flatten everything else
         ax.set_ylabel("ms")
         ax.set_title(title)
         ax.grid(alpha=0.3)

@@ -85,13 +85,14 @@ def test_bad_configs_are_one_error(bad):
 
 
 def test_report_and_plot_from_a_result(tmp_path):
-    engines = [engine("vllm", 0.002), engine("thresholds", 0.001, calls={"all_reduce:gloo": 3})]
-    summary = summarize_arms(["vllm", "thresholds"], engines)
+    engines = [engine("vllm", 0.002), engine("thresholds", 0.001, calls={"all_reduce:gloo": 3}), engine("force:x", 0.002, calls={})]
+    summary = summarize_arms(["vllm", "thresholds", "force:x"], engines)
     result = {"kind": "arxtune-e2e", "version": 1, "summary": summary, "ratio_vs_vllm": {"thresholds": ratio(summary["thresholds"], summary["vllm"])},
               "config": {"tensor_parallel_size": 2, "model": "m", "dtype": "bfloat16", "prompts": 2, "decode_tokens": 3},
               "provenance": {"host": "h"}}
     lines = report_lines(result)
     assert lines[1].startswith("vllm ") and "plugin off" in lines[1]
+    assert "nothing routed" in lines[3]
     assert "identical" in lines[2] and "tp0: all_reduce:gloo 3; tp1: all_reduce:gloo 3" in lines[2]
     assert lines[-1].startswith("thresholds vs vLLM default: decode time per token x0.500")
     assert plot_e2e(result, tmp_path / "e2e.png").stat().st_size > 0

@@ -12,7 +12,7 @@ last token minus first token over the tokens after the first), prefill time
 whether the greedy token ids match the first vLLM-default engine's.
 
 Result format history:
-- version 1: e2e.json as written by `_result`.
+- version 1: e2e.json as written by `_write` (config, provenance, per-arm summaries, ratios, engines).
 """
 
 from __future__ import annotations

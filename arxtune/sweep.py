@@ -121,6 +121,8 @@ class _Timed:
     out: torch.Tensor
     expected: torch.Tensor
     timer: Timer
+    #: The backend's check for failures its calls could not raise (inside a graph replay), if it has one.
+    check: Callable[[], None] | None = None
     iters_per_round: int = 0
     samples: list[float] = field(default_factory=list)
     round_iters: list[int] = field(default_factory=list)
@@ -152,11 +154,14 @@ class PointRunner:
         return PointRecord(*point.key, nbytes=nbytes, world_size=self.ctx.world_size, status=status,
                            error="; ".join(m for _, m in failed))
 
-    def _guard(self, point: Point, nbytes: int, work: Callable[[], None]) -> PointRecord | None:
-        """Run `work` on every rank; any rank's exception becomes the same error record everywhere."""
+    def _guard(self, point: Point, nbytes: int, work: Callable[[], None], check: Callable[[], None] | None = None) -> PointRecord | None:
+        """Run `work` on every rank; any rank's exception, or one its backend's `check` raises after
+        synchronising, becomes the same error record everywhere."""
         try:
             work()
             self._sync()
+            if check is not None:
+                check()
             local = ("ok", "")
         except Exception as exc:  # a backend failure becomes data, not a crash
             local = ("error", f"{type(exc).__name__}: {exc}")
@@ -176,8 +181,8 @@ class PointRunner:
         out = torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device)
         call = getattr(backend, point.op)
         timed = _Timed(point, nbytes, lambda: call(inp, out), out, expected_output(point.op, n, ctx.rank, ctx.world_size, dtype),
-                       make_timer(ctx.device, point.mode))
-        failure = self._guard(point, nbytes, timed.op)
+                       make_timer(ctx.device, point.mode), getattr(backend, "check", None))
+        failure = self._guard(point, nbytes, timed.op, timed.check)
         if failure:
             return failure
         wrong = mismatch(out, timed.expected)
@@ -197,7 +202,7 @@ class PointRunner:
                 timed.timer.time_once(timed.op)
                 estimate.append(time.perf_counter() - start)
 
-        failure = self._guard(point, nbytes, warm_up)
+        failure = self._guard(point, nbytes, warm_up, timed.check)
         if failure:
             return failure
         per_sample_s = distributed.all_max(sorted(estimate)[ESTIMATE_CALLS // 2], ctx.cpu_group)
@@ -217,7 +222,7 @@ class PointRunner:
                 dist.barrier(group=ctx.cpu_group)
                 local.append(timed.timer.time_once(timed.op))
 
-        failure = self._guard(timed.point, timed.nbytes, sample)
+        failure = self._guard(timed.point, timed.nbytes, sample, timed.check)
         if failure:
             return failure
         timed.samples.extend(distributed.max_per_iteration(local, ctx.cpu_group))

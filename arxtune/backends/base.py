@@ -8,6 +8,10 @@ Shapes (one flat, contiguous tensor per argument, n = elements per rank):
 - all_reduce(inp[n], out[n]): out = sum of inp over ranks.
 - all_gather(inp[n], out[world*n]): out[r*n:(r+1)*n] = inp of rank r.
 - reduce_scatter(inp[world*n], out[n]): out = sum over ranks of inp[rank*n:(rank+1)*n].
+
+A capturable backend whose failures happen inside a graph replay (a kernel
+that gave up waiting) may also define check(): the harness calls it after
+synchronising and records what it raises as the point's error.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from . import __version__
 from .decision import measured_winners
 from .errors import ArxtuneError
 from .results import Run
-from .thresholds import MODES, BackendSetup, Fingerprint, Model, Range, SourceRun, Table, Thresholds
+from .thresholds import MODES, BackendSetup, Fingerprint, Model, Range, SourceRun, merge_adjacent, Table, Thresholds
 
 DEFAULT_MARGIN = 0.05
 #: How far beyond the measured grid the models extend the table, in grid steps.
@@ -83,13 +83,7 @@ def cap_ranges(ranges: tuple[Range, ...], backend: str, limit: int, baseline: st
             out.append(Range(r.lo, r.hi, baseline, r.source))
         else:
             out += [Range(r.lo, limit + 1, r.backend, r.source), Range(limit + 1, r.hi, baseline, r.source)]
-    merged: list[Range] = []
-    for r in out:
-        if merged and (merged[-1].backend, merged[-1].source) == (r.backend, r.source):
-            merged[-1] = Range(merged[-1].lo, r.hi, r.backend, r.source)
-        else:
-            merged.append(r)
-    return tuple(merged)
+    return merge_adjacent(out)
 
 
 def _op_tables(run: Run, ok: pd.DataFrame, mode: str, view: str, baseline: str, margin: float) -> tuple[list[Table], list[Model]]:

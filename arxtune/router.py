@@ -38,7 +38,7 @@ from .collectives import DTYPES, OPS
 from .config import format_bytes, parse_bytes
 from .errors import ArxtuneError
 from .fingerprint import host_facts, running_fingerprint
-from .thresholds import MODES, Range, Thresholds
+from .thresholds import MODES, Range, Thresholds, merge_adjacent
 
 ENV_OVERRIDES = "ARXTUNE_OVERRIDES"
 ENV_FINGERPRINT = "ARXTUNE_FINGERPRINT"
@@ -91,13 +91,7 @@ def overlay(ranges: tuple[Range, ...], lo: int, hi: int | None, backend: str) ->
             out.append(Range(max(r.lo, hi), r.hi, r.backend, r.source))
     out.append(Range(lo, hi, backend, "override"))
     out.sort(key=lambda r: r.lo)
-    merged: list[Range] = []
-    for r in out:
-        if merged and (merged[-1].backend, merged[-1].source) == (r.backend, r.source):
-            merged[-1] = Range(merged[-1].lo, r.hi, r.backend, r.source)
-        else:
-            merged.append(r)
-    return tuple(merged)
+    return merge_adjacent(out)
 
 
 def mode_tables(thresholds: Thresholds | None, world: int, overrides: tuple[Override, ...] = ()) -> tuple[dict, list[str]]:

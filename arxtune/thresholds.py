@@ -165,6 +165,17 @@ class Thresholds:
         return buffer.getvalue()
 
 
+def merge_adjacent(ranges: list[Range]) -> tuple[Range, ...]:
+    """Sorted, gap-free ranges with neighbours of the same backend and source joined into one."""
+    merged: list[Range] = []
+    for r in ranges:
+        if merged and (merged[-1].backend, merged[-1].source) == (r.backend, r.source):
+            merged[-1] = Range(merged[-1].lo, r.hi, r.backend, r.source)
+        else:
+            merged.append(r)
+    return tuple(merged)
+
+
 def _fail(source: str, what: str) -> FormatError:
     return FormatError(f"{source}: {what}; regenerate it with `arxtune calibrate RUN [RUN ...]`")
 

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.rdma
 REPO = Path(__file__).parents[2]
 
 
+@pytest.mark.timeout(1200)  # above the sweep's own 900 s limit, so that limit is what reports a slow guest
 def test_sweep_with_arx_and_arx2_writes_run_thresholds_and_plot():
     """The run is kept under .cache/rdma-tier/ (the guest writes through to the host) for inspection."""
     import shutil

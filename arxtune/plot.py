@@ -18,6 +18,8 @@ from .results import Run  # noqa: E402
 from .thresholds import Thresholds  # noqa: E402
 
 FORMATS = {".png", ".svg", ".pdf"}
+#: One line style per timing view, so eager, isolated and graph curves of a backend tell apart.
+LINE_STYLES = {"eager": "-", "isolated": ":", "graph": "--"}
 
 
 def _colors(names: list[str]) -> dict[str, str]:
@@ -64,7 +66,7 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
         for (backend, point_mode), series in data.groupby(["backend", "mode"], sort=False):
             series = series.sort_values("nbytes")
             label = backend if point_mode == "eager" else f"{backend} ({point_mode})"
-            style = "-" if point_mode == "eager" else "--"
+            style = LINE_STYLES.get(point_mode, "--")
             lat.plot(series.nbytes, series.median_us, style, marker="o", ms=3, color=colors[backend], label=label)
             lat.fill_between(series.nbytes, series.p10_us, series.p90_us, color=colors[backend], alpha=0.2, lw=0)
             unstable = series[series.unstable.astype(bool)]

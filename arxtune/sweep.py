@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from . import __version__, distributed
 from .backends import OPS, Backend, GroupContext
-from .backends.startup import agreed_reason, default_baseline, open_backends  # noqa: F401 (re-exported)
+from .backends.startup import default_baseline, open_backends
 from .collectives import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, mismatch, size_grid
 from .config import SweepConfig, format_bytes, from_mapping
 from .errors import ArxtuneError

@@ -7,8 +7,8 @@ a backend that fails on any rank is closed everywhere and its reason kept.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from ..distributed import gather_objects
 from . import create, names
 from .base import OPS, Backend, BackendUnavailable, GroupContext
 
@@ -16,12 +16,6 @@ from .base import OPS, Backend, BackendUnavailable, GroupContext
 def default_baseline(device: torch.device) -> str:
     """The torch.distributed backend for this device's tensors."""
     return "nccl" if device.type == "cuda" else "gloo"
-
-
-def gather_objects(obj, group) -> list:
-    out = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
 
 
 def agreed_reason(reasons: list[str]) -> str:

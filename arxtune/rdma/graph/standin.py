@@ -87,7 +87,7 @@ class CpuRank:
 
     def handshake(self) -> None:
         """Ring and wait for the proxy's answer, nothing else (the floor of a step)."""
-        s, seg, L = self.s, self.s.segment, self.s.layout
+        seg, L = self.s.segment, self.s.layout
         k, seq = self.step, seq_of(self.step)
         seg.control[DESC + 2 * L.slot(k)] = OP_CODES["handshake"]
         seg.control[DESC + 2 * L.slot(k) + 1] = 0

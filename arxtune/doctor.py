@@ -87,6 +87,7 @@ def _backend_rows(cfg: RdmaConfig) -> list[tuple[str, str]]:
         "nccl": ("this torch build has no NCCL" if not (dist.is_available() and dist.is_nccl_available())
                  else None if torch.cuda.is_available() else "no CUDA GPU"),
     }
+    reasons["torch_nccl"] = reasons["nccl"]
     arx = arx_reason(cfg)
     reasons["arx"] = reasons["arx2"] = arx
     no_cuda = None if torch.cuda.is_available() else "needs CUDA tensors; no CUDA GPU"

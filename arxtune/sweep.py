@@ -9,6 +9,8 @@ the slowest rank's time per sample.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import platform
 import secrets
@@ -111,6 +113,34 @@ def plan_points(config: SweepConfig, ready: dict[str, Backend], device: torch.de
     return groups
 
 
+def buffer_count(timer: Timer, nbytes: int, span_bytes: int) -> int:
+    """How many (input, output) pairs the calls of one sample rotate through: nccl-tests shifts its
+    buffers by the message size at every call of a run, within the sweep's largest size, so a call
+    does not find the previous calls' data in cache. One where a sample is one call (every buffer
+    is written in every sample, so the check after timing sees what the timed calls wrote)."""
+    return max(1, min(timer.ops_per_sample, span_bytes // max(nbytes, 1)))
+
+
+def bound_call(backend: Backend, op: str) -> Callable[[torch.Tensor, torch.Tensor], Callable[[], None]]:
+    """(input, output) -> a zero-argument call of `op`: the backend's own `bind` where it has one
+    (work it can do once per buffer pair stays out of the timed calls), else a plain closure."""
+    bind = getattr(backend, "bind", None)
+    if bind is not None:
+        return functools.partial(bind, op)
+    call = getattr(backend, op)
+    return lambda inp, out: lambda: call(inp, out)
+
+
+def rotating_op(bind: Callable[[torch.Tensor, torch.Tensor], Callable[[], None]], ins: list[torch.Tensor],
+                outs: list[torch.Tensor]) -> Callable[[], None]:
+    """A zero-argument op that runs on the next (input, output) pair each time."""
+    calls = [bind(i, o) for i, o in zip(ins, outs)]
+    if len(calls) == 1:
+        return calls[0]
+    following = itertools.cycle(calls).__next__
+    return lambda: following()()
+
+
 @dataclass
 class _Timed:
     """One backend's state while its point is timed in rounds."""
@@ -118,9 +148,11 @@ class _Timed:
     point: Point
     nbytes: int
     op: Callable[[], None]
-    out: torch.Tensor
+    outs: list[torch.Tensor]  # the output buffers the calls rotate through (buffer_count)
     expected: torch.Tensor
     timer: Timer
+    #: The inputs: held here, since a backend's bound call may keep only their addresses.
+    ins: list[torch.Tensor] = field(default_factory=list)
     #: The backend's check for failures its calls could not raise (inside a graph replay), if it has one.
     check: Callable[[], None] | None = None
     iters_per_round: int = 0
@@ -177,15 +209,17 @@ class PointRunner:
         if not distributed.all_true(backend.supports(point.op, dtype, nbytes), ctx.cpu_group):
             return PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="unsupported",
                                error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
-        inp = make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device)
-        out = torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device)
-        call = getattr(backend, point.op)
-        timed = _Timed(point, nbytes, lambda: call(inp, out), out, expected_output(point.op, n, ctx.rank, ctx.world_size, dtype),
-                       make_timer(ctx.device, point.mode), getattr(backend, "check", None))
+        timer = make_timer(ctx.device, point.mode)
+        count = buffer_count(timer, nbytes, config.max_bytes)
+        ins = [make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device) for _ in range(count)]
+        outs = [torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device) for _ in range(count)]
+        timed = _Timed(point, nbytes, rotating_op(bound_call(backend, point.op), ins, outs), outs,
+                       expected_output(point.op, n, ctx.rank, ctx.world_size, dtype), timer, ins=ins,
+                       check=getattr(backend, "check", None))
         failure = self._guard(point, nbytes, timed.op, timed.check)
         if failure:
             return failure
-        wrong = mismatch(out, timed.expected)
+        wrong = mismatch(outs[0], timed.expected)  # the first call wrote the first buffer
         failure = self._agree_outcome(point, nbytes, ("wrong", wrong) if wrong else ("ok", ""))
         if failure:
             return failure
@@ -208,7 +242,8 @@ class PointRunner:
         per_sample_s = distributed.all_max(sorted(estimate)[ESTIMATE_CALLS // 2], ctx.cpu_group)
         iters = max(config.min_iters, min(config.max_iters, int(config.point_budget_s / per_sample_s)))
         timed.iters_per_round = max(MIN_ITERS_PER_ROUND, -(-iters // config.rounds))
-        timed.out.zero_()  # the timed calls must write the result again: checked after the last round
+        for out in timed.outs:
+            out.zero_()  # the timed calls must write the result again: checked after the last round
         self._sync()
         return timed
 
@@ -230,7 +265,7 @@ class PointRunner:
         return None
 
     def _finish(self, timed: _Timed) -> PointRecord:
-        wrong = mismatch(timed.out, timed.expected)
+        wrong = next(filter(None, (mismatch(out, timed.expected) for out in timed.outs)), None)
         failure = self._agree_outcome(timed.point, timed.nbytes, ("wrong", f"after timing: {wrong}") if wrong else ("ok", ""))
         if failure:
             return failure

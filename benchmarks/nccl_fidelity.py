@@ -5,8 +5,10 @@ builds nothing), runs all_reduce_perf eagerly and with CUDA graphs (`-G`)
 on every GPU present, runs `arxtune sweep` of the NCCL backend over the same
 sizes in its eager, isolated and graph views, and prints arxtune's median
 over nccl-tests' out-of-place time per size. nccl-tests' figure per size is
-the median over --repeats invocations. The issue's target: eager and graph
-within 5% at 8 KiB, 1 MiB and 64 MiB.
+the median over --repeats invocations; its graph runs capture as many calls
+per graph as arxtune does. The c10d path (`torch_nccl`, eager) is timed beside
+it, to show what torch.distributed adds on the host. The target: eager and
+graph within 5% at 8 KiB, 1 MiB and 64 MiB.
 
   python benchmarks/nccl_fidelity.py --nccl-tests /path/to/nccl-tests/build --out /tmp/fidelity
 """
@@ -19,6 +21,10 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from arxtune.timing import EAGER_OPS_PER_SAMPLE, GRAPH_OPS_PER_SAMPLE  # noqa: E402
 
 TARGET_SIZES = (8 << 10, 1 << 20, 64 << 20)
 TOLERANCE = 0.05
@@ -39,8 +45,9 @@ def parse_out_of_place_us(text: str) -> dict[int, float]:
 
 
 def run_nccl_tests(binary: Path, args, graph: bool) -> dict[int, float]:
+    iters = args.graph_iters if graph else args.iters
     command = [str(binary), "-b", args.min_bytes, "-e", args.max_bytes, "-f", "2", "-d", args.dtype, "-g", str(args.gpus),
-               "-c", "0", "-w", "5", "-n", str(args.iters)] + (["-G", str(args.graph_launches)] if graph else [])
+               "-c", "0", "-w", "5", "-n", str(iters)] + (["-G", str(args.graph_launches)] if graph else [])
     runs = []
     for _ in range(args.repeats):
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -51,9 +58,9 @@ def run_nccl_tests(binary: Path, args, graph: bool) -> dict[int, float]:
     return {size: statistics.median(run[size] for run in runs) for size in runs[0]}
 
 
-def run_arxtune(args) -> dict[tuple[str, int], float]:
+def run_arxtune(args) -> dict[tuple[str, str, int], float]:
     dtype = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float": "float32", "float32": "float32", "half": "float16", "float16": "float16"}[args.dtype]
-    command = [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl", "--ops", "all_reduce", "--dtypes", dtype,
+    command = [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,torch_nccl", "--ops", "all_reduce", "--dtypes", dtype,
                "--modes", "eager,isolated,graph", "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--step-factor", "2",
                "--nproc-per-node", str(args.gpus), "--out", args.out, "--run-id", "fidelity", "--no-progress"]
     print("arxtune:   ", " ".join(command))
@@ -62,7 +69,7 @@ def run_arxtune(args) -> dict[tuple[str, int], float]:
 
     frame = load_run(Path(args.out) / "fidelity").frame()
     ok = frame[frame.status == "ok"]
-    return {(row.mode, int(row.nbytes)): float(row.median_us) for row in ok.itertuples()}
+    return {(row.backend, row.mode, int(row.nbytes)): float(row.median_us) for row in ok.itertuples()}
 
 
 def main() -> int:
@@ -73,7 +80,9 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--min-bytes", default="8K")
     parser.add_argument("--max-bytes", default="64M")
-    parser.add_argument("--iters", type=int, default=20, help="nccl-tests -n (calls per timing).")
+    parser.add_argument("--iters", type=int, default=EAGER_OPS_PER_SAMPLE, help="nccl-tests -n eagerly (calls per timing).")
+    parser.add_argument("--graph-iters", type=int, default=GRAPH_OPS_PER_SAMPLE,
+                        help="nccl-tests -n with -G (calls per graph): as many as arxtune captures, so launches weigh alike.")
     parser.add_argument("--graph-launches", type=int, default=10, help="nccl-tests -G.")
     parser.add_argument("--repeats", type=int, default=3, help="nccl-tests invocations per mode; the median is compared.")
     args = parser.parse_args()
@@ -89,19 +98,20 @@ def main() -> int:
     reference = {"eager": run_nccl_tests(binary, args, graph=False), "graph": run_nccl_tests(binary, args, graph=True)}
     ours = run_arxtune(args)
     print(f"\nall_reduce {args.dtype}, {args.gpus} GPU(s); us = median per op; ratio = arxtune / nccl-tests out-of-place")
-    print(f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'nt graph':>9} {'ax graph':>9} {'ratio':>6} {'ax isolated':>12}")
+    print(f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'nt graph':>9} {'ax graph':>9} {'ratio':>6} {'ax isolated':>12} {'c10d eager':>11}")
     misses = []
     for size in sorted(reference["eager"]):
         cells = []
         for mode in ("eager", "graph"):
-            theirs, mine = reference[mode].get(size), ours.get((mode, size))
+            theirs, mine = reference[mode].get(size), ours.get(("nccl", mode, size))
             ratio = mine / theirs if theirs and mine else float("nan")
             if size in TARGET_SIZES and not abs(ratio - 1) <= TOLERANCE:
                 misses.append(f"{mode} {size} B: {ratio:.3f}")
             cells += [theirs or float("nan"), mine or float("nan"), ratio]
         mark = " *" if size in TARGET_SIZES else ""
         print(f"{size:>10} {cells[0]:>9.2f} {cells[1]:>9.2f} {cells[2]:>6.3f} {cells[3]:>9.2f} {cells[4]:>9.2f} {cells[5]:>6.3f} "
-              f"{ours.get(('isolated', size), float('nan')):>12.2f}{mark}")
+              f"{ours.get(('nccl', 'isolated', size), float('nan')):>12.2f} "
+              f"{ours.get(('torch_nccl', 'eager', size), float('nan')):>11.2f}{mark}")
     print(f"* target sizes: within {TOLERANCE:.0%} -> " + ("all met" if not misses else "missed: " + "; ".join(misses)))
     return 1 if misses else 0
 

@@ -5,7 +5,7 @@ k = 100 is within 5% of the largest k, the replay's own launch costs under 5%
 of the op. Eager view: back-to-back calls between two events for several k,
 and the same for the all_reduce alone (no copy), which shows how much of an
 eager call is the host's cost of torch.distributed. NCCL all_reduce as
-arxtune's `nccl` backend calls it (copy, then all_reduce in place), world size 1.
+arxtune's `torch_nccl` backend calls it (copy, then all_reduce in place), world size 1.
 
   python benchmarks/timing_views.py
 """

@@ -3,7 +3,7 @@
 #   1. lab.sh setup (idempotent: packages, guest kernel, initramfs)
 #   2. ONE guest boot: pytest tests/rdma (pure tests, transport, 2- and 3-rank
 #      torchrun checks, arxtune sweep with arx/arx2, ib_write_lat floor, doctor)
-#   3. ONE two-guest boot: torchrun --nnodes 2 across two kernels (mp_check.py)
+#   3. ONE two-guest boot: torchrun --nnodes 2 across two kernels (mp_check.py --arxg)
 # Fails if anything fails or any RDMA test is skipped (ARXTUNE_REQUIRE_RDMA=1).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -34,12 +34,12 @@ then
     echo "test-rdma: tests failed or were skipped (see above)" >&2; rc=1
 fi
 
-echo "test-rdma: [2/2] two guests: torchrun --nnodes 2 (arx, arx2 across two kernels, two rails)"
+echo "test-rdma: [2/2] two guests: torchrun --nnodes 2 (arx, arx2 and arxg's verbs proxies across two kernels, two rails)"
 # gloo must bind the NIC that carries this node's address, not whatever the hostname resolves to.
 bash "$LAB" run2 -- bash -c '
     export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" "index(\$4, ip \"/\") == 1 {print \$2; exit}")
     exec "$0" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank "$NODE_RANK" \
-        --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" tests/rdma/mp_check.py' "$PY" || rc=1
+        --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" tests/rdma/mp_check.py --arxg' "$PY" || rc=1
 
 if ((rc == 0)); then echo "test-rdma: PASS"; else echo "test-rdma: FAIL" >&2; fi
 exit $rc

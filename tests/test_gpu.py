@@ -60,7 +60,7 @@ def test_back_to_back_and_graphs_hide_the_launch_cost_of_tiny_ops():
 def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     result = subprocess.run(
-        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,symm_mem,symm_mem2,arx,gloo", "--modes", "eager,isolated,graph",
+        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,torch_nccl,symm_mem,symm_mem2,arx,gloo", "--modes", "eager,isolated,graph",
          "--dtypes", "bfloat16,float32", "--min-bytes", "4KiB", "--max-bytes", "4MiB", "--step-factor", "16",
          "--point-budget-s", "0.05", "--out", str(tmp_path), "--run-id", "gpu", "--no-progress"],
         env=env, capture_output=True, text=True, timeout=600)
@@ -68,8 +68,10 @@ def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     run = load_run(tmp_path / "gpu")
     assert run.meta.world_size == GPUS and run.meta.device_type == "cuda" and run.meta.nccl_version
     frame = run.frame()
-    nccl = frame[frame.backend == "nccl"]
-    assert set(nccl.status) == {"ok"} and set(nccl["mode"]) == {"eager", "isolated", "graph"}
+    for name in ("nccl", "torch_nccl"):  # NCCL called directly, and through torch.distributed
+        rows = frame[frame.backend == name]
+        assert set(rows.status) == {"ok"} and set(rows["mode"]) == {"eager", "isolated", "graph"}, rows[["status", "error"]]
+        assert set(rows.op) == {"all_reduce", "all_gather", "reduce_scatter"}
     assert not run.meta.backends["gloo"]["available"]  # gloo times CPU tensors, not CUDA ones
     for name in ("symm_mem", "symm_mem2"):
         state = run.meta.backends[name]

@@ -69,3 +69,44 @@ def test_a_backend_that_fails_is_recorded_and_the_others_finish(solo_group):
     records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("a", "bad")), ready)
     assert records[0].status == "ok" and len(records[0].round_iters) == 3
     assert records[1].status == "error" and "link down" in records[1].error
+
+
+class _Timer:
+    def __init__(self, ops_per_sample):
+        self.ops_per_sample = ops_per_sample
+
+
+@pytest.mark.parametrize("ops_per_sample,nbytes,span,want", [
+    (20, 8192, 64 << 20, 20),  # nccl-tests' -n 20: an offset per call
+    (200, 8192, 64 << 20, 200),
+    (200, 8 << 20, 64 << 20, 8),  # as many as fit in the sweep's largest size
+    (20, 64 << 20, 64 << 20, 1),
+    (1, 8192, 64 << 20, 1),  # one call per sample (isolated, CPU): one buffer, so the check sees timed results
+])
+def test_buffer_count_rotates_like_nccl_tests_within_the_largest_size(ops_per_sample, nbytes, span, want):
+    from arxtune.sweep import buffer_count
+
+    assert buffer_count(_Timer(ops_per_sample), nbytes, span) == want
+
+
+def test_rotating_op_uses_each_pair_in_turn_and_a_backends_bind():
+    from arxtune.sweep import bound_call, rotating_op
+
+    seen = []
+
+    class Binding:
+        def bind(self, op, inp, out):
+            return lambda: seen.append((op, int(inp[0]), int(out[0])))
+
+    class Plain:
+        def all_reduce(self, inp, out):
+            seen.append(("plain", int(inp[0]), int(out[0])))
+
+    ins, outs = [torch.full((1,), i) for i in range(3)], [torch.full((1,), 10 + i) for i in range(3)]
+    op = rotating_op(bound_call(Binding(), "all_gather"), ins, outs)
+    for _ in range(4):
+        op()
+    assert seen == [("all_gather", 0, 10), ("all_gather", 1, 11), ("all_gather", 2, 12), ("all_gather", 0, 10)]
+    seen.clear()
+    rotating_op(bound_call(Plain(), "all_reduce"), ins[:1], outs[:1])()
+    assert seen == [("plain", 0, 10)]

@@ -14,7 +14,8 @@ from .base import OPS, Backend, BackendUnavailable, GroupContext
 #: backend name -> "module:Class"; the order is the order of sweeps and plots.
 REGISTRY: dict[str, str] = {
     "gloo": "arxtune.backends.torch_dist:GlooBackend",
-    "nccl": "arxtune.backends.torch_dist:NcclBackend",
+    "nccl": "arxtune.backends.nccl:NcclBackend",
+    "torch_nccl": "arxtune.backends.torch_dist:TorchNcclBackend",
     "arx": "arxtune.backends.arx:ArxOneShot",
     "arx2": "arxtune.backends.arx:ArxTwoShot",
     "arxg": "arxtune.backends.arx_graph:ArxGraph",

@@ -9,6 +9,10 @@ Shapes (one flat, contiguous tensor per argument, n = elements per rank):
 - all_gather(inp[n], out[world*n]): out[r*n:(r+1)*n] = inp of rank r.
 - reduce_scatter(inp[world*n], out[n]): out = sum over ranks of inp[rank*n:(rank+1)*n].
 
+A backend may also define bind(op, inp, out) -> a zero-argument call of that
+op on those buffers: the harness times that call, so per-call work the backend
+can do once (pointers, counts) is not timed.
+
 A capturable backend whose failures happen inside a graph replay (a kernel
 that gave up waiting) may also define check(): the harness calls it after
 synchronising and records what it raises as the point's error.

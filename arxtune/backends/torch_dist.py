@@ -1,6 +1,8 @@
-"""torch.distributed collectives: gloo (CPU tensors) and NCCL (CUDA tensors).
+"""torch.distributed collectives: gloo (CPU tensors) and c10d's NCCL (CUDA tensors).
 
-These are the baselines every other backend has to beat.
+gloo is the CPU baseline every other backend has to beat. `torch_nccl` is what
+code calling torch.distributed gets on CUDA, c10d's host work included; the
+`nccl` backend (nccl.py) calls NCCL itself.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ class GlooBackend(_TorchDistBackend):
         return ctx.cpu_group
 
 
-class NcclBackend(_TorchDistBackend):
-    name = "nccl"
+class TorchNcclBackend(_TorchDistBackend):
+    name = "torch_nccl"
     capturable = True
     device_type = "cuda"
 

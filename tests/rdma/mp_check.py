@@ -1,12 +1,13 @@
 """Multi-rank check of the arx backends under torchrun (one launch tests many cases).
 
-    torchrun --nproc-per-node 3 tests/rdma/mp_check.py [--bench] [--quick]
+    torchrun --nproc-per-node 3 tests/rdma/mp_check.py [--bench] [--quick] [--arxg]
 
 Every op x dtype x size for arx and arx2 against exact references (inputs are
 small integers, so every sum is exact), bit-identity across ranks, many
 consecutive calls without barriers, chunked all-gathers larger than the
 buffer, striping over two devices when the machine has them, and supports()
-refusing what does not fit. Prints `MP_CHECK PASS ...` on rank 0, exits 1 on
+refusing what does not fit; with --arxg, arxg's proxies over verbs with CPU
+stand-in ranks (every op, exact). Prints `MP_CHECK PASS ...` on rank 0, exits 1 on
 any failure. --bench adds arx/arx2 vs gloo all-reduce latency ratios.
 """
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from arxtune.backends import create
 from arxtune.backends.base import GroupContext
+from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
 from arxtune.rdma.device import read_devices
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -75,6 +77,28 @@ class Checker:
         self.expect(all(torch.equal(d, digest) for d in everyone), f"bit-identical across ranks: {what}")
 
 
+def check_arxg(chk: Checker, ctx: GroupContext) -> None:
+    """arxg's proxy processes over verbs between the ranks, each GPU side stood in by this CPU rank."""
+    from arxtune.rdma import RdmaConfig, gloo_exchange
+    from arxtune.rdma.graph import session as session_mod
+    from arxtune.rdma.graph.standin import CpuRank
+
+    session_mod.SETUP_TIMEOUT_S = 900.0  # a proxy imports torch and pyverbs: minutes under emulation
+    cfg = RdmaConfig.resolve({"max_bytes": 64 << 10, "timeout_s": 120})
+    session = session_mod.open_session(cfg, ctx.rank, ctx.world_size, gloo_exchange(ctx.cpu_group, ctx.world_size), "verbs")
+    try:
+        standin, world = CpuRank(session), ctx.world_size
+        for salt in range(3):  # every slot used more than once
+            for op in OP_SPECS:
+                for dtype, n in ((torch.bfloat16, 1), (torch.bfloat16, 4096), (torch.int32, 1000)):
+                    out = torch.empty(OP_SPECS[op].shapes(n, world)[1], dtype=dtype)
+                    standin.run(op, make_input(op, n, ctx.rank, world, dtype, ctx.device, salt), out)
+                    wrong = mismatch(out, expected_output(op, n, ctx.rank, world, dtype, salt))
+                    chk.expect(wrong is None, f"arxg over verbs {op} {dtype} n={n} salt={salt}: {wrong}")
+    finally:
+        session.close()
+
+
 def bench(ctx, backends, rank):
     """Median all-reduce latency per backend at 4 KiB, 64 KiB, 1 MiB (fp32), one run."""
     results = {}
@@ -107,6 +131,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer sizes (two-node run)")
+    ap.add_argument("--arxg", action="store_true", help="also arxg's verbs proxies with CPU stand-in ranks")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -140,6 +165,8 @@ def main() -> int:
         twins = create("arx", tctx)
         chk.run_backend(twins, f"arx[{'+'.join(names[:2])}]", (5, 4099, 65536), salt0=90_000)
         twins.close()
+    if args.arxg:
+        check_arxg(chk, ctx)
     if args.bench:
         bench(ctx, {"gloo": create("gloo", ctx), **backends}, rank)
     for be in backends.values():

@@ -3,35 +3,52 @@
 Each proxy maps the peers' segments and, for a write, copies the payload into the
 peer's inbox and then stores the sequence word: one thread, payload before flag,
 and x86-64 stores become visible in program order, so a peer that sees the flag
-sees the payload. It has the same hot-path methods as rdma.connection.Transport.
+sees the payload. Addresses are worked out once per (peer, slot, size). It has the same hot-path methods as rdma.connection.Transport.
 """
 
 from __future__ import annotations
 
+import ctypes
+import platform
 import socket
 
 from ..errors import RdmaUnavailable
 from ..protocol import Layout, seq_of
-from .segment import Segment
+from .segment import CONTROL_BYTES, Segment
 
 
 class ShmFabric:
     def __init__(self, own: Segment, peers: dict[int, Segment], rank: int, world: int):
         self.own, self.segments, self.rank, self.world = own, peers, rank, world
         self.layout: Layout = own.layout
+        self._puts: dict[tuple, tuple] = {}  # (peer, slot, src, dst, bytes) -> (dst address, src address, bytes, flag)
 
     def begin(self, step: int, op: str) -> None:
         pass  # copies complete synchronously: a staging slot is free as soon as put() returns
 
     def put(self, step: int, peer: int, src_off: int, dst_off: int, nbytes: int, op: str) -> None:
-        dst = self.segments[peer]
-        dst.data[dst_off : dst_off + nbytes] = self.own.data[src_off : src_off + nbytes]
-        dst.flags[self.layout.flag_index(step, self.rank, 0)] = seq_of(step)
+        key = (peer, self.layout.slot(step), src_off, dst_off, nbytes)
+        target = self._puts.get(key)
+        if target is None:
+            target = self._puts[key] = self._target(step, peer, src_off, dst_off, nbytes)
+        dst, src, n, flag = target
+        ctypes.memmove(dst, src, n)
+        flag.value = seq_of(step)
+
+    def _target(self, step: int, peer: int, src_off: int, dst_off: int, nbytes: int) -> tuple:
+        own, dst = self.own, self.segments[peer]
+        for seg, off in ((own, src_off), (dst, dst_off)):
+            if not 0 <= off <= off + nbytes <= len(seg.data):
+                raise ValueError(f"a put of {nbytes} bytes at {off} falls outside the {len(seg.data)}-byte buffer")
+        flag_at = dst.address + CONTROL_BYTES + self.layout.flag(step, self.rank, 0)
+        data = CONTROL_BYTES
+        return dst.address + data + dst_off, own.address + data + src_off, nbytes, ctypes.c_int64.from_address(flag_at)
 
     def wait_sends(self, step: int, op: str) -> None:
         pass
 
     def close(self) -> None:
+        self._puts = {}
         for seg in self.segments.values():
             seg.close()
         self.segments = {}
@@ -42,10 +59,11 @@ def open_fabric(own: Segment, rank: int, world: int, exchange) -> ShmFabric:
 
     A rank that cannot take part still joins the exchange with its reason, so every
     rank raises the same error instead of waiting for it."""
-    error = None
-    infos = exchange({"host": socket.gethostname(), "path": own.path})
+    error = None if platform.machine() in ("x86_64", "AMD64") else (
+        f"arxg: the shared-memory fabric relies on x86-64 store order; this is {platform.machine()}: use transport = 'verbs'")
+    infos = exchange({"host": socket.gethostname(), "path": own.path, "error": error})
     hosts = sorted({i.get("host") for i in infos})
-    if len(hosts) > 1:
+    if len(hosts) > 1 and error is None:
         error = f"arxg: the shared-memory fabric needs every rank on one host, ranks are on {hosts}; use transport = 'verbs'"
     bad = [f"rank {r}: {i['error']}" for r, i in enumerate(infos) if i.get("error")]
     if bad or error:

@@ -42,7 +42,9 @@ class GpuRank:
             if int(rc) != 0:
                 raise RdmaUnavailable(f"arxg: cudaHostRegister of the shared segment failed (error {int(rc)}); "
                                       "the GPU cannot reach host memory here")
-            self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # step, arrived, 2 verdicts (kernels.py)
+            self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # step, arrived, unused, verdict (kernels.py)
+            # a persistent grid: every program resident, so program 0 may spin while the others finish staging
+            self.max_programs = torch.cuda.get_device_properties(device).multi_processor_count
         self.data = seg.address + CONTROL_BYTES
         self.ctrl = HostPtr(seg.address, torch.int64)
         self.flags = HostPtr(self.data + session.layout.flags_base, torch.int64)
@@ -56,7 +58,7 @@ class GpuRank:
         return p
 
     def run(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> None:
-        """Stage, ring, wait, finish: two kernels on the current stream, recorded if it is capturing."""
+        """Stage, ring, wait, finish: one kernel on the current stream, recorded if it is capturing."""
         s, L, k = self.s, self.s.layout, self.k
         if not torch.cuda.is_current_stream_capturing():
             s.check()
@@ -66,13 +68,12 @@ class GpuRank:
             raise ValueError(f"arxg: {op} input of {nbytes} bytes exceeds max_bytes = {L.slot_bytes}")
         slot_elems = L.slot_bytes // inp.element_size()
         staging, inbox = self._ptr(L.staging(0), inp.dtype), self._ptr(L.inbox(0, 0), inp.dtype)
-        k.stage_kernel[(triton_cdiv(n_in, k.BLOCK),)](inp, staging, self.ctrl, self.counter, n_in, slot_elems, nbytes,
-                                                       OP_CODES[op], self.timeout_ns, BLOCK=k.BLOCK)
-        n = inbox_bytes(op, nbytes, s.world) // inp.element_size()
-        k.finish_kernel[(triton_cdiv(n, k.BLOCK),)](
-            inp, out, inbox, self.flags, self.ctrl, self.counter, s.rank, n, slot_elems, s.flag_devices(op, nbytes),
-            self.timeout_ns, OP=OP_CODES[op], WORLD=s.world, NDEV=L.ndev, INT_ACC=not inp.dtype.is_floating_point,
-            BLOCK=k.BLOCK)
+        n_part = inbox_bytes(op, nbytes, s.world) // inp.element_size()
+        blocks = max(triton_cdiv(n_in, k.BLOCK), triton_cdiv(n_part, k.BLOCK))
+        k.collective_kernel[(min(blocks, self.max_programs),)](
+            inp, out, staging, inbox, self.flags, self.ctrl, self.counter, s.rank, n_in, n_part, slot_elems, nbytes,
+            s.flag_devices(op, nbytes), OP_CODES[op], self.timeout_ns, OP=OP_CODES[op], WORLD=s.world, NDEV=L.ndev,
+            INT_ACC=not inp.dtype.is_floating_point, BLOCK=k.BLOCK)
 
     def all_reduce(self, inp, out):
         self.run("all_reduce", inp, out)

@@ -1,7 +1,8 @@
-"""Triton kernels of the graph engine: stage + ring, then wait + finish.
+"""Triton kernels of the graph engine: one kernel per collective (stage, ring, wait, finish).
 
-Both read the step number from a device-resident counter (step, programs
-arrived, stage verdict, finish verdict) that the first kernel advances, so a captured graph replays correctly any number of times. The
+It reads the step number from a device-resident counter (step, programs
+arrived, unused, verdict) that it advances, so a captured graph replays
+correctly any number of times. The
 segment is host memory registered with CUDA; the kernels read and write it
 directly. Ordering: staging stores, then a system-scope fence, then the
 doorbell store with release semantics; flags are read with system-scope
@@ -154,82 +155,79 @@ def _gate_wait(gate, seq, deadline):
     return g == seq
 
 
-@triton.jit
-def stage_kernel(inp, staging, ctrl, counter, n, slot_elems, nbytes, op_code, timeout_ns, BLOCK: tl.constexpr):
-    """Copy the input into this step's staging slot; the last program to finish rings the doorbell."""
+# Not specialised on the rank: ranks sharing a process (tests, benchmarks) must share one compiled
+# kernel, since loading a second one waits for the GPU to idle while the first spins for its peer.
+@triton.jit(do_not_specialize=["rank"])
+def collective_kernel(inp, out, staging, inbox, flags, ctrl, counter, rank, n_stage, n_part, slot_elems, nbytes,
+                      ndev_used, op_code, timeout_ns, OP: tl.constexpr, WORLD: tl.constexpr, NDEV: tl.constexpr,
+                      INT_ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """One collective in one kernel: stage, ring, wait for the peers' flags, finish.
+
+    The grid is persistent (at most one program per multiprocessor: gpu.py caps it) so every program is resident while program 0 spins: each program loops
+    over its blocks. Staging into slot `step % 2` needs no wait for this rank's proxy:
+    step - 2 sent from that slot reached every peer before they sent us step - 1,
+    which this rank has already received (every op exchanges with every peer).
+    A failed step fails every later one (device-side verdicts), so a broken session
+    never reads a half-written inbox as data.
+
+    OP 0 all_reduce: out[i] = sum_src part_src[i]; OP 1 all_gather: out[src*n + i] = part_src[i];
+    OP 2 reduce_scatter: like 0, this rank's part is inp[rank*n:]. Parts of peers come from the inbox."""
     pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
     step = tl.load(counter)
     seq = step + 1
     slot = step % 2
     deadline = _now_ns() + timeout_ns
-    # the slot is free once the proxy finished sending step - 2 from it
-    if pid == 0:
-        ok = _wait_at_least(ctrl + SENT, seq - 2, ctrl, deadline, ERR_PROXY_TIMEOUT, -1)
-        _store_gpu(counter + 2, tl.where(ok, seq, -seq))
-    else:
-        ok = _gate_wait(counter + 2, seq, deadline)
-    if ok:
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        tl.store(staging + slot * slot_elems + offs, tl.load(inp + offs, mask=mask), mask=mask)
+    healthy = (step == 0) | (tl.load(counter + 3) != -step)  # the previous step's verdict (-step: it failed)
+    offs0 = tl.arange(0, BLOCK)
+    if healthy:
+        for b in range(pid, tl.cdiv(n_stage, BLOCK), nprog):
+            offs = b * BLOCK + offs0
+            mask = offs < n_stage
+            tl.store(staging + slot * slot_elems + offs, tl.load(inp + offs, mask=mask), mask=mask)
     _fence_sys()
     tl.debug_barrier()  # every thread's staging stores are fenced before thread 0 arrives
     arrived = tl.atomic_add(counter + 1, 1, sem="acq_rel")
-    if arrived == tl.num_programs(0) - 1:
+    if arrived == nprog - 1:
         _fence_sys()
         tl.store(counter + 1, 0)
         tl.store(counter, seq)
         _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
         _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, nbytes)
         _store_sys(ctrl + DOORBELL, seq)
-
-
-@triton.jit
-def finish_kernel(inp, out, inbox, flags, ctrl, counter, rank, n, slot_elems, ndev_used, timeout_ns,
-                  OP: tl.constexpr, WORLD: tl.constexpr, NDEV: tl.constexpr, INT_ACC: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    """Wait for every peer's flags of this step, then sum (OP 0, 2) or gather (OP 1) in rank order.
-
-    OP 0 all_reduce: out[i] = sum_src part_src[i]; OP 1 all_gather: out[src*n + i] = part_src[i];
-    OP 2 reduce_scatter: like 0, this rank's part is inp[rank*n:]. Parts of peers come from the inbox."""
-    pid = tl.program_id(0)
-    step = tl.load(counter) - 1
-    seq = step + 1
-    slot = step % 2
-    deadline = _now_ns() + timeout_ns
     if pid == 0:
-        ok = seq > 0
+        ok = healthy
         for src in tl.static_range(WORLD):
             if src != rank:
                 for dev in tl.static_range(NDEV):
-                    if dev < ndev_used:
-                        got = _wait_at_least(flags + (slot * WORLD + src) * NDEV + dev, seq, ctrl, deadline,
-                                             ERR_PEER_TIMEOUT, src)
-                        ok = ok & got
+                    if (dev < ndev_used) & ok:
+                        ok = _wait_at_least(flags + (slot * WORLD + src) * NDEV + dev, seq, ctrl, deadline,
+                                            ERR_PEER_TIMEOUT, src)
         _store_gpu(counter + 3, tl.where(ok, seq, -seq))
     else:
         ok = _gate_wait(counter + 3, seq, deadline)
     if ok:
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        if INT_ACC:
-            acc = tl.zeros([BLOCK], dtype=tl.int32)
-        else:
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for src in tl.static_range(WORLD):
-            if src == rank:
-                if OP == 2:
-                    x = tl.load(inp + rank * n + offs, mask=mask)
+        for b in range(pid, tl.cdiv(n_part, BLOCK), nprog):
+            offs = b * BLOCK + offs0
+            mask = offs < n_part
+            if INT_ACC:
+                acc = tl.zeros([BLOCK], dtype=tl.int32)
+            else:
+                acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for src in tl.static_range(WORLD):
+                if src == rank:
+                    if OP == 2:
+                        x = tl.load(inp + rank * n_part + offs, mask=mask)
+                    else:
+                        x = tl.load(inp + offs, mask=mask)
                 else:
-                    x = tl.load(inp + offs, mask=mask)
-            else:
-                x = tl.load(inbox + (slot * WORLD + src) * slot_elems + offs, mask=mask)
-            if OP == 1:
-                tl.store(out + src * n + offs, x, mask=mask)
-            else:
-                acc += x.to(acc.dtype)
-        if OP != 1:
-            tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+                    x = tl.load(inbox + (slot * WORLD + src) * slot_elems + offs, mask=mask)
+                if OP == 1:
+                    tl.store(out + src * n_part + offs, x, mask=mask)
+                else:
+                    acc += x.to(acc.dtype)
+            if OP != 1:
+                tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit

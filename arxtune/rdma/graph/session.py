@@ -19,7 +19,8 @@ from ..errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from ..protocol import Layout, stripes
 from .plan import inbox_bytes
 from .proxy import ProxyArgs, ProxyHandle
-from .segment import DESC, DOORBELL, SENT, ERR_PEER_TIMEOUT, ERR_PROXY_TIMEOUT, OP_NAMES, Segment, segment_path
+from .segment import (DESC, DOORBELL, ERR_PEER_TIMEOUT, ERR_PROXY_FAILED, ERR_PROXY_TIMEOUT, OP_NAMES, SENT, Segment,
+                      segment_path)
 
 TRANSPORTS = ("auto", "shm", "verbs")
 #: a proxy imports torch before it answers: seconds on a loaded machine, minutes in an emulated guest
@@ -46,6 +47,9 @@ class Session:
     def check(self) -> None:
         """Raise the first recorded failure, or the proxy's death; return quietly if all is well."""
         code, peer, seq, message = self.segment.error()
+        if code != ERR_PROXY_FAILED and not self.proxy.alive():
+            # a dead proxy sends nothing, so the kernels time out on the peers: name the cause, not the symptom
+            raise RdmaError(f"arxg: this rank's proxy exited ({self._proxy_state()}); nothing is sent any more")
         if code:
             step = seq - 1
             op = OP_NAMES.get(int(self.segment.control[DESC + 2 * self.layout.slot(max(step, 0))]), "unknown")
@@ -57,8 +61,6 @@ class Session:
                 raise RdmaTimeout(f"arxg: this rank's proxy did not send step {step} within {t} "
                                   f"({self._proxy_state()})", op=op)
             raise RdmaError(f"arxg: the proxy failed at step {step}: {message}", peer=None if peer < 0 else peer, op=op)
-        if not self.proxy.alive():
-            raise RdmaError(f"arxg: this rank's proxy exited ({self._proxy_state()}); nothing is sent any more")
 
     def _proxy_state(self) -> str:
         code = self.proxy.proc.poll()

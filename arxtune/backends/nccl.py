@@ -1,0 +1,153 @@
+"""NCCL called directly (ctypes), out of place: the figures nccl-tests prints.
+
+torch.distributed's NCCL path costs ~28 us of host work per call on an H200
+host (Work objects, events, the watchdog), so back-to-back eager calls measure
+c10d rather than NCCL, and its all_reduce is in place (a copy first). This
+backend binds the libnccl that torch already loaded, makes its own communicator
+(the unique id travels over the run's gloo group) and launches each op with
+nothing in between: what a C caller, vLLM's PyNccl or nccl-tests sees.
+`torch_nccl` (torch_dist.py) keeps the c10d path for those who call it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from ..distributed import gather_objects
+from .base import BackendUnavailable, GroupContext
+
+ENV_LIBRARY = "ARXTUNE_NCCL_LIBRARY"
+#: ncclDataType_t and ncclRedOp_t values from nccl.h (stable since NCCL 2.10).
+DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7,
+          torch.float64: 8, torch.bfloat16: 9}
+SUM = 0
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_byte * 128)]
+
+
+def _candidates() -> list[str]:
+    """The library torch loaded (found by soname once it is in the process), then the pip wheel's copy."""
+    found = [os.environ[ENV_LIBRARY]] if os.environ.get(ENV_LIBRARY) else []
+    found.append("libnccl.so.2")
+    for root in {os.path.dirname(os.path.dirname(torch.__file__))}:
+        found += sorted(glob.glob(os.path.join(root, "nvidia", "nccl", "lib", "libnccl.so*")))
+    return found
+
+
+class NcclLibrary:
+    """The few NCCL entry points a backend needs, with their C signatures."""
+
+    def __init__(self) -> None:
+        errors = []
+        for path in _candidates():
+            try:
+                self.lib = ctypes.CDLL(path)
+                break
+            except OSError as exc:
+                errors.append(f"{path}: {exc}")
+        else:
+            raise BackendUnavailable(f"cannot load libnccl ({'; '.join(errors)}); set {ENV_LIBRARY}=/path/to/libnccl.so.2")
+        vp, sz, i, comm = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
+        self._sig("ncclGetVersion", [ctypes.POINTER(i)])
+        self._sig("ncclGetUniqueId", [ctypes.POINTER(UniqueId)])
+        self._sig("ncclCommInitRank", [ctypes.POINTER(comm), i, UniqueId, i])
+        self._sig("ncclCommDestroy", [comm])
+        self._sig("ncclAllReduce", [vp, vp, sz, i, i, comm, vp])
+        self._sig("ncclAllGather", [vp, vp, sz, i, comm, vp])
+        self._sig("ncclReduceScatter", [vp, vp, sz, i, i, comm, vp])
+        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+        self.lib.ncclGetErrorString.argtypes = [i]
+
+    def _sig(self, name: str, argtypes: list) -> None:
+        fn = getattr(self.lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, argtypes
+
+    def check(self, rc: int, what: str) -> None:
+        if rc:
+            raise RuntimeError(f"{what} failed: NCCL error {rc} ({self.lib.ncclGetErrorString(rc).decode()})")
+
+    def version(self) -> str:
+        v = ctypes.c_int()
+        self.check(self.lib.ncclGetVersion(ctypes.byref(v)), "ncclGetVersion")
+        major, rest = divmod(v.value, 10000)
+        return f"{major}.{rest // 100}.{rest % 100}"
+
+
+class NcclBackend:
+    name = "nccl"
+    capturable = True
+    device_type = "cuda"
+    ops: ClassVar[tuple[str, ...]] = ("all_reduce", "all_gather", "reduce_scatter")
+
+    def __init__(self, ctx: GroupContext):
+        if ctx.device.type != "cuda":
+            raise BackendUnavailable(f"nccl runs on CUDA tensors; this run uses {ctx.device.type}")
+        if not dist.is_initialized():
+            raise BackendUnavailable("torch.distributed is not initialised")
+        self.nccl = NcclLibrary()
+        uid = UniqueId()
+        rank, world = dist.get_rank(ctx.cpu_group), dist.get_world_size(ctx.cpu_group)
+        if rank == 0:
+            self.nccl.check(self.nccl.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+        root_id = gather_objects(bytes(uid.internal), ctx.cpu_group)[0]  # group rank 0's id, whatever the group
+        ctypes.memmove(uid.internal, root_id, len(uid.internal))
+        self.comm = ctypes.c_void_p()
+        with torch.cuda.device(ctx.device):
+            self.nccl.check(self.nccl.lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank),
+                            "ncclCommInitRank")
+        self.device_index = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
+        self.version = self.nccl.version()
+        self._stream = torch._C._cuda_getCurrentRawStream  # the raw cudaStream_t of the current (or capturing) stream
+        self._all_reduce, self._all_gather = self.nccl.lib.ncclAllReduce, self.nccl.lib.ncclAllGather
+        self._reduce_scatter = self.nccl.lib.ncclReduceScatter
+
+    def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
+        return dtype in DTYPES
+
+    def bind(self, op: str, inp: torch.Tensor, out: torch.Tensor):
+        """The op on these buffers as a zero-argument call: only the stream is looked up per call."""
+        fn, count = {"all_reduce": (self._all_reduce, inp.numel()), "all_gather": (self._all_gather, inp.numel()),
+                     "reduce_scatter": (self._reduce_scatter, out.numel())}[op]
+        reduce = () if op == "all_gather" else (SUM,)
+        head = (ctypes.c_void_p(inp.data_ptr()), ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(count),
+                DTYPES[inp.dtype], *reduce, self.comm)
+        stream, index, nccl, name = self._stream, self.device_index, self.nccl, f"nccl {op}"
+
+        def call() -> None:
+            rc = fn(*head, stream(index))
+            if rc:
+                nccl.check(rc, name)
+
+        return call
+
+    def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        rc = self._all_reduce(inp.data_ptr(), out.data_ptr(), inp.numel(), DTYPES[inp.dtype], SUM, self.comm,
+                              self._stream(self.device_index))
+        if rc:
+            self.nccl.check(rc, "ncclAllReduce")
+
+    def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        rc = self._all_gather(inp.data_ptr(), out.data_ptr(), inp.numel(), DTYPES[inp.dtype], self.comm,
+                              self._stream(self.device_index))
+        if rc:
+            self.nccl.check(rc, "ncclAllGather")
+
+    def reduce_scatter(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        rc = self._reduce_scatter(inp.data_ptr(), out.data_ptr(), out.numel(), DTYPES[inp.dtype], SUM, self.comm,
+                                  self._stream(self.device_index))
+        if rc:
+            self.nccl.check(rc, "ncclReduceScatter")
+
+    def close(self) -> None:
+        if self.comm:
+            torch.cuda.synchronize(self.device_index)
+            self.nccl.lib.ncclCommDestroy(self.comm)
+            self.comm = ctypes.c_void_p()

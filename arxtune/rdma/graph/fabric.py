@@ -3,7 +3,8 @@
 Each proxy maps the peers' segments and, for a write, copies the payload into the
 peer's inbox and then stores the sequence word: one thread, payload before flag,
 and x86-64 stores become visible in program order, so a peer that sees the flag
-sees the payload. Addresses are worked out once per (peer, slot, size). It has the same hot-path methods as rdma.connection.Transport.
+sees the payload. Addresses are worked out once per (peer, slot, size). It has
+the same hot-path methods as rdma.connection.Transport.
 """
 
 from __future__ import annotations

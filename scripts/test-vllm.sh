@@ -29,9 +29,10 @@ LAB_ENV=()
 
 if [[ "${1:-}" == --engine-in-guest ]]; then
     code=0
-    # Plain SSE code paths in torch, oneDNN, MKL, OpenBLAS and numpy: with every library on its widest
-    # path (the guest's emulated AVX2), vLLM's own engine failed there on an out-of-range token id.
-    for kv in ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OPENBLAS_CORETYPE=Nehalem \
+    # Plain SSE code paths in oneDNN, MKL, OpenBLAS and numpy: with every library on its widest path
+    # (the guest's emulated AVX2), vLLM's own engine failed there on an out-of-range token id. (torch's
+    # own ATEN_CPU_CAPABILITY=default is not usable: inductor then emits vector code it cannot compile.)
+    for kv in ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OPENBLAS_CORETYPE=Nehalem \
               "NPY_DISABLE_CPU_FEATURES=AVX F16C FMA3 AVX2 AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"; do
         LAB_ENV+=(--env "$kv")
     done

@@ -81,3 +81,34 @@ def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
         else:
             assert state["reason"]
     assert (Path(tmp_path) / "gpu" / "plot.png").exists()
+
+
+def test_nccl_called_directly_is_exact_eagerly_and_in_a_graph_as_the_communicator_calls_it():
+    """The backend's own op methods (what the router calls), at world size 1, out of place."""
+    import torch.distributed as dist
+
+    from arxtune.backends import GroupContext, create
+    from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        dev = torch.device("cuda", 0)
+        backend = create("nccl", GroupContext(0, 1, 0, dev, dist.group.WORLD))
+        for op in OP_SPECS:
+            inp = make_input(op, 4096, 0, 1, torch.bfloat16, dev)
+            out = torch.full((OP_SPECS[op].shapes(4096, 1)[1],), -1.0, dtype=torch.bfloat16, device=dev)
+            getattr(backend, op)(inp, out)
+            torch.cuda.synchronize()
+            assert mismatch(out, expected_output(op, 4096, 0, 1, torch.bfloat16)) is None, op
+            assert inp.data_ptr() != out.data_ptr()
+        inp = make_input("all_reduce", 4096, 0, 1, torch.bfloat16, dev)
+        graph_out = torch.zeros_like(inp)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            backend.all_reduce(inp, graph_out)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert mismatch(graph_out, expected_output("all_reduce", 4096, 0, 1, torch.bfloat16)) is None
+        backend.close()
+    finally:
+        dist.destroy_process_group()

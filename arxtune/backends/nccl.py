@@ -106,19 +106,20 @@ class NcclBackend:
         self.device_index = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
         self.version = self.nccl.version()
         self._stream = torch._C._cuda_getCurrentRawStream  # the raw cudaStream_t of the current (or capturing) stream
-        self._all_reduce, self._all_gather = self.nccl.lib.ncclAllReduce, self.nccl.lib.ncclAllGather
-        self._reduce_scatter = self.nccl.lib.ncclReduceScatter
+        lib = self.nccl.lib
+        #: op -> (entry point, whether it takes a reduction, whether its count is the output's)
+        self._entries = {"all_reduce": (lib.ncclAllReduce, True, False), "all_gather": (lib.ncclAllGather, False, False),
+                         "reduce_scatter": (lib.ncclReduceScatter, True, True)}
 
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
         return dtype in DTYPES
 
     def bind(self, op: str, inp: torch.Tensor, out: torch.Tensor):
         """The op on these buffers as a zero-argument call: only the stream is looked up per call."""
-        fn, count = {"all_reduce": (self._all_reduce, inp.numel()), "all_gather": (self._all_gather, inp.numel()),
-                     "reduce_scatter": (self._reduce_scatter, out.numel())}[op]
-        reduce = () if op == "all_gather" else (SUM,)
-        head = (ctypes.c_void_p(inp.data_ptr()), ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(count),
-                DTYPES[inp.dtype], *reduce, self.comm)
+        fn, reduces, counts_output = self._entries[op]
+        head = (ctypes.c_void_p(inp.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                ctypes.c_size_t((out if counts_output else inp).numel()), DTYPES[inp.dtype], *((SUM,) if reduces else ()),
+                self.comm)
         stream, index, nccl, name = self._stream, self.device_index, self.nccl, f"nccl {op}"
 
         def call() -> None:
@@ -129,22 +130,13 @@ class NcclBackend:
         return call
 
     def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None:
-        rc = self._all_reduce(inp.data_ptr(), out.data_ptr(), inp.numel(), DTYPES[inp.dtype], SUM, self.comm,
-                              self._stream(self.device_index))
-        if rc:
-            self.nccl.check(rc, "ncclAllReduce")
+        self.bind("all_reduce", inp, out)()
 
     def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
-        rc = self._all_gather(inp.data_ptr(), out.data_ptr(), inp.numel(), DTYPES[inp.dtype], self.comm,
-                              self._stream(self.device_index))
-        if rc:
-            self.nccl.check(rc, "ncclAllGather")
+        self.bind("all_gather", inp, out)()
 
     def reduce_scatter(self, inp: torch.Tensor, out: torch.Tensor) -> None:
-        rc = self._reduce_scatter(inp.data_ptr(), out.data_ptr(), out.numel(), DTYPES[inp.dtype], SUM, self.comm,
-                                  self._stream(self.device_index))
-        if rc:
-            self.nccl.check(rc, "ncclReduceScatter")
+        self.bind("reduce_scatter", inp, out)()
 
     def close(self) -> None:
         if self.comm:

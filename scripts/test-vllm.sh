@@ -23,19 +23,11 @@ in_guest() { # timeout, memory (MB), then the command; arx is the routed backend
     mkdir -p .cache/pyverbs-path && ln -sfn /usr/lib/python3/dist-packages/pyverbs .cache/pyverbs-path/pyverbs
     PYTHONPATH="$ROOT/.cache/pyverbs-path" ARXTUNE_VLLM_TEST_BACKEND=arx ARXTUNE_REQUIRE_VLLM=1 \
         ARXTUNE_VLLM_TEST_TIMEOUT=$(( timeout - 600 )) \
-        bash scripts/rdma_lab/lab.sh run --mem "$mem" --timeout "$timeout" "${LAB_ENV[@]}" -- "$@"
+        bash scripts/rdma_lab/lab.sh run --mem "$mem" --timeout "$timeout" -- "$@"
 }
-LAB_ENV=()
 
 if [[ "${1:-}" == --engine-in-guest ]]; then
     code=0
-    # Plain SSE code paths in oneDNN, MKL, OpenBLAS and numpy: with every library on its widest path
-    # (the guest's emulated AVX2), vLLM's own engine failed there on an out-of-range token id. (torch's
-    # own ATEN_CPU_CAPABILITY=default is not usable: inductor then emits vector code it cannot compile.)
-    for kv in ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OPENBLAS_CORETYPE=Nehalem \
-              "NPY_DISABLE_CPU_FEATURES=AVX F16C FMA3 AVX2 AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"; do
-        LAB_ENV+=(--env "$kv")
-    done
     in_guest 4200 10240 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --basetemp .cache/guest-engine tests/vllm/test_engine.py \
         -k "same_tokens or both_kinds" || code=1
     echo "test-vllm: engine in the guest $(( $(date +%s) - start - venv_s )) s, exit $code"

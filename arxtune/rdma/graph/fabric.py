@@ -15,7 +15,7 @@ import socket
 
 from ..errors import RdmaUnavailable
 from ..protocol import Layout, seq_of
-from .segment import CONTROL_BYTES, Segment
+from .segment import Segment
 
 
 class ShmFabric:
@@ -41,9 +41,8 @@ class ShmFabric:
         for seg, off in ((own, src_off), (dst, dst_off)):
             if not 0 <= off <= off + nbytes <= len(seg.data):
                 raise ValueError(f"a put of {nbytes} bytes at {off} falls outside the {len(seg.data)}-byte buffer")
-        flag_at = dst.address + CONTROL_BYTES + self.layout.flag(step, self.rank, 0)
-        data = CONTROL_BYTES
-        return dst.address + data + dst_off, own.address + data + src_off, nbytes, ctypes.c_int64.from_address(flag_at)
+        flag = ctypes.c_int64.from_address(dst.data_address + self.layout.flag(step, self.rank, 0))
+        return dst.data_address + dst_off, own.data_address + src_off, nbytes, flag
 
     def wait_sends(self, step: int, op: str) -> None:
         pass

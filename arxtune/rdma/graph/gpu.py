@@ -13,7 +13,7 @@ import torch
 from ..config import RdmaConfig
 from ..errors import RdmaUnavailable
 from .plan import inbox_bytes
-from .segment import CONTROL_BYTES, OP_CODES
+from .segment import OP_CODES
 from .session import Session, open_local
 
 _HOST_REGISTER_PORTABLE, _HOST_REGISTER_MAPPED = 1, 2
@@ -45,7 +45,7 @@ class GpuRank:
             self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # step, arrived, unused, verdict (kernels.py)
             # a persistent grid: every program resident, so program 0 may spin while the others finish staging
             self.max_programs = torch.cuda.get_device_properties(device).multi_processor_count
-        self.data = seg.address + CONTROL_BYTES
+        self.data = seg.data_address
         self.ctrl = HostPtr(seg.address, torch.int64)
         self.flags = HostPtr(self.data + session.layout.flags_base, torch.int64)
         self.timeout_ns = int(session.cfg.timeout_s * 1e9)

@@ -59,6 +59,7 @@ class Segment:
         self.data = self.bytes[CONTROL_BYTES:]  # the protocol buffer, offsets as in Layout
         self.flags = self.data[layout.flags_base : layout.total_bytes].view(np.int64)
         self.address = self.bytes.ctypes.data
+        self.data_address = self.address + CONTROL_BYTES  # where `data` (protocol offsets) starts
 
     def data_tensor(self) -> torch.Tensor:
         """The protocol buffer as a CPU uint8 tensor sharing this memory (what the transports take)."""

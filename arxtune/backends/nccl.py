@@ -37,9 +37,8 @@ def _candidates() -> list[str]:
     """The library torch loaded (found by soname once it is in the process), then the pip wheel's copy."""
     found = [os.environ[ENV_LIBRARY]] if os.environ.get(ENV_LIBRARY) else []
     found.append("libnccl.so.2")
-    for root in {os.path.dirname(os.path.dirname(torch.__file__))}:
-        found += sorted(glob.glob(os.path.join(root, "nvidia", "nccl", "lib", "libnccl.so*")))
-    return found
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    return found + sorted(glob.glob(os.path.join(site, "nvidia", "nccl", "lib", "libnccl.so*")))
 
 
 class NcclLibrary:
@@ -56,7 +55,6 @@ class NcclLibrary:
         else:
             raise BackendUnavailable(f"cannot load libnccl ({'; '.join(errors)}); set {ENV_LIBRARY}=/path/to/libnccl.so.2")
         vp, sz, i, comm = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
-        self._sig("ncclGetVersion", [ctypes.POINTER(i)])
         self._sig("ncclGetUniqueId", [ctypes.POINTER(UniqueId)])
         self._sig("ncclCommInitRank", [ctypes.POINTER(comm), i, UniqueId, i])
         self._sig("ncclCommDestroy", [comm])
@@ -73,12 +71,6 @@ class NcclLibrary:
     def check(self, rc: int, what: str) -> None:
         if rc:
             raise RuntimeError(f"{what} failed: NCCL error {rc} ({self.lib.ncclGetErrorString(rc).decode()})")
-
-    def version(self) -> str:
-        v = ctypes.c_int()
-        self.check(self.lib.ncclGetVersion(ctypes.byref(v)), "ncclGetVersion")
-        major, rest = divmod(v.value, 10000)
-        return f"{major}.{rest // 100}.{rest % 100}"
 
 
 class NcclBackend:
@@ -104,7 +96,6 @@ class NcclBackend:
             self.nccl.check(self.nccl.lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank),
                             "ncclCommInitRank")
         self.device_index = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
-        self.version = self.nccl.version()
         self._stream = torch._C._cuda_getCurrentRawStream  # the raw cudaStream_t of the current (or capturing) stream
         lib = self.nccl.lib
         #: op -> (entry point, whether it takes a reduction, whether its count is the output's)

@@ -16,6 +16,7 @@ import torch
 from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
 from arxtune.rdma.config import RdmaConfig
 from arxtune.rdma.errors import RdmaError, RdmaTimeout
+from arxtune.rdma.graph import native
 from arxtune.rdma.graph import segment as seg_mod
 from arxtune.rdma.graph.plan import Write, plan
 from arxtune.rdma.graph.segment import Segment
@@ -68,8 +69,15 @@ def _run_all(ranks, fn):
         return [f.result(timeout=120) for f in [pool.submit(fn, r, rank) for r, rank in enumerate(ranks)]]
 
 
+@pytest.fixture(params=["c", "python"])
+def proxy_loop(request, monkeypatch):
+    """Every shm test runs under both proxy loops: the compiled one and the Python one."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1" if request.param == "c" else "0")
+    return request.param
+
+
 @pytest.fixture
-def standins(request):
+def standins(request, proxy_loop):
     world = request.param
     sessions = open_local(RdmaConfig(max_bytes=64 << 10, timeout_s=20), world)
     ranks = [CpuRank(s) for s in sessions]
@@ -99,7 +107,7 @@ def test_standin_ranks_over_the_shm_fabric_are_exact_for_every_op(standins):
             assert mismatch(out, expected_output(op, n, r, world, dtype, salt)) is None, (r, op, dtype, n, salt)
 
 
-def test_a_dead_peer_becomes_an_error_naming_it_within_the_timeout():
+def test_a_dead_peer_becomes_an_error_naming_it_within_the_timeout(proxy_loop):
     sessions = open_local(RdmaConfig(max_bytes=4096, timeout_s=1.0), 2)
     try:
         ranks = [CpuRank(s) for s in sessions]
@@ -128,7 +136,7 @@ time.sleep(600)
 """
 
 
-def test_the_proxy_exits_when_its_parent_dies():
+def test_the_proxy_exits_when_its_parent_dies(proxy_loop):
     parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
@@ -151,3 +159,15 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_c_loop_builds_once_and_a_missing_compiler_falls_back_to_python(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    built = native.build()
+    assert built.parent == tmp_path / "arxtune" and native.load() is not None
+    assert native.build() == built and len(list(built.parent.iterdir())) == 1  # cached, no temporary left
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert native.load() is None
+    assert "using the Python loop" in capsys.readouterr().err

@@ -31,17 +31,19 @@ class ShmFabric:
         key = (peer, self.layout.slot(step), src_off, dst_off, nbytes)
         target = self._puts.get(key)
         if target is None:
-            target = self._puts[key] = self._target(step, peer, src_off, dst_off, nbytes)
+            dst, src, n, flag = self.addresses(*key)
+            target = self._puts[key] = dst, src, n, ctypes.c_int64.from_address(flag)
         dst, src, n, flag = target
         ctypes.memmove(dst, src, n)
         flag.value = seq_of(step)
 
-    def _target(self, step: int, peer: int, src_off: int, dst_off: int, nbytes: int) -> tuple:
+    def addresses(self, peer: int, slot: int, src_off: int, dst_off: int, nbytes: int) -> tuple[int, int, int, int]:
+        """(destination, source, bytes, the peer's flag word) of a write from slot `slot`, bounds checked."""
         own, dst = self.own, self.segments[peer]
         for seg, off in ((own, src_off), (dst, dst_off)):
             if not 0 <= off <= off + nbytes <= len(seg.data):
                 raise ValueError(f"a put of {nbytes} bytes at {off} falls outside the {len(seg.data)}-byte buffer")
-        flag = ctypes.c_int64.from_address(dst.data_address + self.layout.flag(step, self.rank, 0))
+        flag = dst.data_address + self.layout.flag(slot, self.rank, 0)
         return dst.data_address + dst_off, own.data_address + src_off, nbytes, flag
 
     def wait_sends(self, step: int, op: str) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from ..protocol import Layout
+from . import native
 from .plan import plan
 from .segment import DESC, DOORBELL, ERR_PROXY_FAILED, OP_NAMES, READY, SENT, Segment
 
@@ -137,10 +138,14 @@ def main() -> int:
     except (RdmaUnavailable, RdmaError, ValueError, OSError) as exc:
         _send(stdout, ("error", str(exc)))
         return 1
+    fast = native.load() if args.transport == "shm" else None  # built before "ready": set-up's timeout covers it
     seg.control[READY] = os.getpid()
     _send(stdout, ("ready", None))
     try:
-        serve(seg, transport, args.rank, args.world, parent)
+        if fast is not None:
+            native.serve(fast, seg, transport, lambda key: _plan_step(key, seg.layout, args.rank, args.world), parent)
+        else:
+            serve(seg, transport, args.rank, args.world, parent)
     except Exception as exc:  # any failure must reach the rank through the segment, not vanish
         peer = getattr(exc, "peer", None)
         seg.set_error(ERR_PROXY_FAILED, -1 if peer is None else peer, int(seg.control[SENT]) + 1,

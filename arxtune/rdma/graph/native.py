@@ -1,0 +1,113 @@
+"""The shared-memory proxy's hot loop, compiled from serve_shm.c on first use.
+
+A Python loop costs the proxy microseconds a step (bytecode, ctypes, dict
+lookups) where the copy itself takes nanoseconds; the C loop polls and copies
+without the interpreter. It is built with the host's C compiler (`cc`, which
+Triton needs on any GPU host anyway) into a per-user cache, keyed by the
+source's hash. Where no compiler works, the proxy keeps its Python loop and
+says why once. `ARXTUNE_ARXG_NATIVE=0` keeps the Python loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..protocol import Layout
+from .segment import DESC, DOORBELL, SENT, Segment
+
+ENV_SWITCH = "ARXTUNE_ARXG_NATIVE"
+SOURCE = Path(__file__).with_name("serve_shm.c")
+MAX_PUTS = 16  # ARXG_MAX_PUTS in serve_shm.c
+IDLE, MISS = 0, 1
+TABLE_SIZE = 256  # planned (op, bytes, slot) keys kept at once; a full table starts over
+SPINS_BEFORE_YIELD = 200_000
+PARENT_CHECK_NS = 500_000_000
+
+
+class Put(ctypes.Structure):
+    _fields_ = [("dst", ctypes.c_int64), ("src", ctypes.c_int64), ("nbytes", ctypes.c_int64), ("flag", ctypes.c_int64)]
+
+
+class Step(ctypes.Structure):
+    _fields_ = [("op", ctypes.c_int64), ("nbytes", ctypes.c_int64), ("slot", ctypes.c_int64), ("nputs", ctypes.c_int64),
+                ("puts", Put * MAX_PUTS)]
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "arxtune"
+
+
+def build() -> Path:
+    """The compiled loop's path, compiling it if this source has not been built here. Raises OSError."""
+    source = SOURCE.read_bytes()
+    target = _cache_dir() / f"serve_shm-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise OSError("no C compiler (cc) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # proxies may build at once: rename into place
+    os.close(fd)
+    try:
+        result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], capture_output=True,
+                                text=True, timeout=120)
+        if result.returncode:
+            raise OSError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load():
+    """The loop's entry point, or None (with the reason on stderr) where it cannot be built."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"arxg: the proxy's C loop is unavailable ({exc}); using the Python loop", file=sys.stderr)
+        return None
+    fn = lib.arxg_serve_shm
+    i64 = ctypes.c_int64
+    fn.restype = i64
+    fn.argtypes = [ctypes.c_void_p, i64, i64, i64, i64, ctypes.POINTER(Step), i64, i64, i64, ctypes.POINTER(i64)]
+    return fn
+
+
+def serve(fn, seg: Segment, fabric, plan_step, parent: int) -> None:
+    """Run the C loop until the parent dies; plan each new (op, bytes, slot) in Python as it first appears.
+
+    `plan_step(key)` gives (op name, [(peer, src offset, dst offset, bytes)]); the fabric
+    turns each write into addresses (and checks its bounds) once."""
+    L: Layout = seg.layout
+    table, used = (Step * TABLE_SIZE)(), 0
+    miss = (ctypes.c_int64 * 3)()
+    while True:
+        rc = fn(seg.address, DOORBELL, DESC, SENT, L.slots, table, used, SPINS_BEFORE_YIELD, PARENT_CHECK_NS, miss)
+        if rc == IDLE:
+            if os.getppid() != parent:
+                return
+            continue
+        key = (int(miss[0]), int(miss[1]), int(miss[2]))
+        _, writes = plan_step(key)
+        if len(writes) > MAX_PUTS:
+            raise ValueError(f"arxg: a step of {len(writes)} writes exceeds the C loop's {MAX_PUTS}")
+        if used == TABLE_SIZE:
+            used = 0
+        entry = table[used]
+        entry.op, entry.nbytes, entry.slot, entry.nputs = key[0], key[1], key[2], len(writes)
+        for i, (peer, src, dst, nbytes) in enumerate(writes):
+            entry.puts[i].dst, entry.puts[i].src, entry.puts[i].nbytes, entry.puts[i].flag = \
+                fabric.addresses(peer, key[2], src, dst, nbytes)
+        used += 1

@@ -6,9 +6,11 @@ on every GPU present, runs `arxtune sweep` of the NCCL backend over the same
 sizes in its eager, isolated and graph views, and prints arxtune's median
 over nccl-tests' out-of-place time per size. nccl-tests' figure per size is
 the median over --repeats invocations; its graph runs capture as many calls
-per graph as arxtune does. The c10d path (`torch_nccl`, eager) is timed beside
-it, to show what torch.distributed adds on the host. The target: eager and
-graph within 5% at 8 KiB, 1 MiB and 64 MiB.
+per graph as arxtune does. nccl-tests runs against the libnccl arxtune loads
+(torch's, put first on LD_LIBRARY_PATH), and its header must name that
+version: a build can otherwise pick up another NCCL. The c10d path
+(`torch_nccl`, eager) is timed beside it, to show what torch.distributed adds
+on the host. The target: eager and graph within 5% at 8 KiB, 1 MiB and 64 MiB.
 
   python benchmarks/nccl_fidelity.py --nccl-tests /path/to/nccl-tests/build --out /tmp/fidelity
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -44,15 +47,41 @@ def parse_out_of_place_us(text: str) -> dict[int, float]:
     return times
 
 
-def run_nccl_tests(binary: Path, args, graph: bool) -> dict[int, float]:
+def arxtune_nccl() -> tuple[str, int]:
+    """The libnccl file arxtune's `nccl` backend loads (torch's), and its version code."""
+    import torch  # noqa: F401  (loads torch's NCCL, which the backend then finds by soname)
+
+    from arxtune.backends.nccl import NcclLibrary
+
+    lib = NcclLibrary()
+    path = lib.path()
+    if path is None:
+        raise SystemExit("cannot tell which libnccl arxtune loads (no single libnccl in /proc/self/maps)")
+    return path, lib.version()
+
+
+def library_version(text: str) -> int | None:
+    """nccl-tests' header names the NCCL it runs: `nccl-library=22809`."""
+    match = re.search(r"nccl-library=(\d+)", text)
+    return int(match.group(1)) if match else None
+
+
+def run_nccl_tests(binary: Path, args, graph: bool, library: tuple[str, int]) -> dict[int, float]:
+    """nccl-tests' out-of-place times, run against arxtune's own libnccl (a build may find another one first)."""
     iters = args.graph_iters if graph else args.iters
     command = [str(binary), "-b", args.min_bytes, "-e", args.max_bytes, "-f", "2", "-d", args.dtype, "-g", str(args.gpus),
                "-c", "0", "-w", "5", "-n", str(iters)] + (["-G", str(args.graph_launches)] if graph else [])
+    path, version = library
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [os.path.dirname(path), os.environ.get("LD_LIBRARY_PATH")])))
     runs = []
     for _ in range(args.repeats):
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
         if result.returncode:
             raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        theirs = library_version(result.stdout)
+        if theirs != version:
+            raise SystemExit(f"nccl-tests ran NCCL {theirs}, arxtune runs {version} ({path}): "
+                             "rebuild nccl-tests against that library (NCCL_HOME) so both time the same code")
         runs.append(parse_out_of_place_us(result.stdout))
     print("nccl-tests:", " ".join(command), f"(x{args.repeats})")
     return {size: statistics.median(run[size] for run in runs) for size in runs[0]}
@@ -95,7 +124,9 @@ def main() -> int:
         args.gpus = torch.cuda.device_count()
         if not args.gpus:
             raise SystemExit("no GPU visible: this check needs CUDA GPUs")
-    reference = {"eager": run_nccl_tests(binary, args, graph=False), "graph": run_nccl_tests(binary, args, graph=True)}
+    library = arxtune_nccl()
+    print(f"NCCL:       {library[0]} (version code {library[1]}), for nccl-tests and arxtune alike")
+    reference = {"eager": run_nccl_tests(binary, args, False, library), "graph": run_nccl_tests(binary, args, True, library)}
     ours = run_arxtune(args)
     print(f"\nall_reduce {args.dtype}, {args.gpus} GPU(s); us = median per op; ratio = arxtune / nccl-tests out-of-place")
     print(f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'nt graph':>9} {'ax graph':>9} {'ratio':>6} {'ax isolated':>12} {'c10d eager':>11}")

@@ -55,6 +55,7 @@ class NcclLibrary:
         else:
             raise BackendUnavailable(f"cannot load libnccl ({'; '.join(errors)}); set {ENV_LIBRARY}=/path/to/libnccl.so.2")
         vp, sz, i, comm = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
+        self._sig("ncclGetVersion", [ctypes.POINTER(ctypes.c_int)])
         self._sig("ncclGetUniqueId", [ctypes.POINTER(UniqueId)])
         self._sig("ncclCommInitRank", [ctypes.POINTER(comm), i, UniqueId, i])
         self._sig("ncclCommDestroy", [comm])
@@ -63,6 +64,21 @@ class NcclLibrary:
         self._sig("ncclReduceScatter", [vp, vp, sz, i, i, comm, vp])
         self.lib.ncclGetErrorString.restype = ctypes.c_char_p
         self.lib.ncclGetErrorString.argtypes = [i]
+
+    def version(self) -> int:
+        """NCCL's version code (2.28.9 -> 22809)."""
+        code = ctypes.c_int()
+        self.check(self.lib.ncclGetVersion(ctypes.byref(code)), "ncclGetVersion")
+        return code.value
+
+    def path(self) -> str | None:
+        """The file the library was loaded from, as the process maps it (Linux), else None."""
+        try:
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps if "libnccl" in line and "/" in line}
+        except OSError:
+            return None
+        return paths.pop() if len(paths) == 1 else None
 
     def _sig(self, name: str, argtypes: list) -> None:
         fn = getattr(self.lib, name)
@@ -105,12 +121,22 @@ class NcclBackend:
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
         return dtype in DTYPES
 
+    def _arguments(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> tuple:
+        """The entry point of `op` and its arguments on these buffers, all but the stream."""
+        fn, reduces, counts_output = self._entries[op]
+        count = (out if counts_output else inp).numel()
+        return fn, (inp.data_ptr(), out.data_ptr(), count, DTYPES[inp.dtype], *((SUM,) if reduces else ()), self.comm)
+
+    def _launch(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> None:
+        fn, args = self._arguments(op, inp, out)
+        rc = fn(*args, self._stream(self.device_index))
+        if rc:
+            self.nccl.check(rc, f"nccl {op}")
+
     def bind(self, op: str, inp: torch.Tensor, out: torch.Tensor):
         """The op on these buffers as a zero-argument call: only the stream is looked up per call."""
-        fn, reduces, counts_output = self._entries[op]
-        head = (ctypes.c_void_p(inp.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-                ctypes.c_size_t((out if counts_output else inp).numel()), DTYPES[inp.dtype], *((SUM,) if reduces else ()),
-                self.comm)
+        fn, (src, dst, count, *rest) = self._arguments(op, inp, out)
+        head = (ctypes.c_void_p(src), ctypes.c_void_p(dst), ctypes.c_size_t(count), *rest)  # converted once
         stream, index, nccl, name = self._stream, self.device_index, self.nccl, f"nccl {op}"
 
         def call() -> None:
@@ -121,13 +147,13 @@ class NcclBackend:
         return call
 
     def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None:
-        self.bind("all_reduce", inp, out)()
+        self._launch("all_reduce", inp, out)
 
     def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
-        self.bind("all_gather", inp, out)()
+        self._launch("all_gather", inp, out)
 
     def reduce_scatter(self, inp: torch.Tensor, out: torch.Tensor) -> None:
-        self.bind("reduce_scatter", inp, out)()
+        self._launch("reduce_scatter", inp, out)
 
     def close(self) -> None:
         if self.comm:

@@ -1,6 +1,6 @@
 """Graph-mode arx (arxg) on one GPU: two ranks over the shared-memory fabric, and the handshake floor.
 
-    python benchmarks/arx_graph.py --out results/RUN/arx_graph.csv
+    python benchmarks/arx_graph.py --out results/RUN/arx_graph.csv --plot results/RUN/arx_graph.png
 
 Two GPU ranks live in this process on one GPU, each with its own segment,
 proxy process and CUDA stream; a CUDA graph holds 10 all-reduces of both ranks
@@ -79,9 +79,40 @@ def sizes(lo: int, hi: int) -> list[int]:
     return out
 
 
+def plot(rows: list[dict], title: str, path: Path) -> None:
+    """Median latency against size per mode, the handshake floors as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    from arxtune.config import format_bytes
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode, style in (("graph", "o-"), ("eager", "s--")):
+        pts = [(r["bytes"], r["median_us"]) for r in rows if r["op"] == "all_reduce" and r["mode"] == mode]
+        line, = ax.plot([b for b, _ in pts], [t for _, t in pts], style, label=f"all_reduce, {mode}")
+        floor = next(r["median_us"] for r in rows if r["op"] == "handshake" and r["mode"] == mode)
+        ax.axhline(floor, color=line.get_color(), linestyle=":", label=f"handshake floor, {mode} ({floor:.1f} us)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("median us per call")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="CSV to write (default: print only)")
+    ap.add_argument("--plot", type=Path, help="image to draw (.png, .svg, .pdf)")
     ap.add_argument("--min-bytes", type=int, default=1 << 10)
     ap.add_argument("--max-bytes", type=int, default=4 << 20)
     ap.add_argument("--samples", type=int, default=200)
@@ -127,8 +158,9 @@ def main() -> int:
         del g
     pair.close()
 
-    print(f"arxg on {torch.cuda.get_device_name(0)}, world {a.world} over the shared-memory fabric, bf16, "
-          f"{a.samples} samples each; handshake floor {floor_us:.2f} us in a graph, {floor_eager:.2f} us eager")
+    title = (f"arxg on {torch.cuda.get_device_name(0)}, world {a.world} over the shared-memory fabric, bf16, "
+             f"{a.samples} samples each")
+    print(f"{title}; handshake floor {floor_us:.2f} us in a graph, {floor_eager:.2f} us eager")
     print(f"{'op':<11} {'bytes':>9} {'mode':<6} {'median us':>10} {'p10':>8} {'p90':>8} {'x floor':>8}")
     for r in rows:
         print(f"{r['op']:<11} {r['bytes']:>9} {r['mode']:<6} {r['median_us']:>10.2f} {r.get('p10_us', float('nan')):>8.2f} "
@@ -140,6 +172,9 @@ def main() -> int:
             w.writeheader()
             w.writerows(rows)
         print(f"wrote {a.out}")
+    if a.plot:
+        plot(rows, title, a.plot)
+        print(f"wrote {a.plot}")
     return 0
 
 

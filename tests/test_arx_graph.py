@@ -73,6 +73,8 @@ def _run_all(ranks, fn):
 def proxy_loop(request, monkeypatch):
     """Every shm test runs under both proxy loops: the compiled one and the Python one."""
     monkeypatch.setenv(native.ENV_SWITCH, "1" if request.param == "c" else "0")
+    if request.param == "c" and native.load() is None:
+        pytest.skip("no working C compiler here: the proxies would run their Python loop")
     return request.param
 
 

@@ -14,7 +14,7 @@ nvidia-smi -L
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
 make test-gpu GPU_PYTHON=python3 2>&1 | tee "$out/test-gpu.log" || status=1
 python3 -m arxtune sweep -c configs/sweep/h200.toml --out "$out/results" --no-progress || status=1
-python3 benchmarks/arx_graph.py --samples 100 --out "$out/arx_graph.csv" || status=1
+python3 benchmarks/arx_graph.py --samples 100 --out "$out/arx_graph.csv" --plot "$out/arx_graph.png" || status=1
 python3 benchmarks/arx_staging.py --out "$out/arx_staging.csv" || status=1
 python3 benchmarks/dispatch_overhead.py 2>&1 | tee "$out/dispatch.txt" || status=1
 exit $status

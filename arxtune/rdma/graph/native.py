@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,17 +52,17 @@ def build() -> Path:
     target = _cache_dir() / f"serve_shm-{hashlib.sha256(source).hexdigest()[:16]}.so"
     if target.exists():
         return target
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = shlex.split(os.environ.get("CC", "")) or [c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]
     if not compiler:
         raise OSError("no C compiler (cc) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # proxies may build at once: rename into place
     os.close(fd)
     try:
-        result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], capture_output=True,
+        result = subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], capture_output=True,
                                 text=True, timeout=120)
         if result.returncode:
-            raise OSError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+            raise OSError(f"{' '.join(compiler)} failed: {result.stderr.strip()[-500:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -4,8 +4,8 @@ A Python loop costs the proxy microseconds a step (bytecode, ctypes, dict
 lookups) where the copy itself takes nanoseconds; the C loop polls and copies
 without the interpreter. It is built with the host's C compiler (`cc`, which
 Triton needs on any GPU host anyway) into a per-user cache, keyed by the
-source's hash. Where no compiler works, the proxy keeps its Python loop and
-says why once. `ARXTUNE_ARXG_NATIVE=0` keeps the Python loop.
+machine and the source's hash. Where no compiler works, the proxy keeps its
+Python loop and says why once. `ARXTUNE_ARXG_NATIVE=0` keeps the Python loop.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -49,7 +50,7 @@ def _cache_dir() -> Path:
 def build() -> Path:
     """The compiled loop's path, compiling it if this source has not been built here. Raises OSError."""
     source = SOURCE.read_bytes()
-    target = _cache_dir() / f"serve_shm-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    target = _cache_dir() / f"serve_shm-{platform.machine()}-{hashlib.sha256(source).hexdigest()[:16]}.so"
     if target.exists():
         return target
     compiler = shlex.split(os.environ.get("CC", "")) or [c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]

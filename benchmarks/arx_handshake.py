@@ -33,9 +33,8 @@ from arx_graph import capture, time_graph  # noqa: E402
 from arxtune.rdma.config import RdmaConfig  # noqa: E402
 from arxtune.rdma.graph import segment as seg  # noqa: E402
 from arxtune.rdma.graph.gpu import RanksOnOneGpu  # noqa: E402
-from arxtune.rdma.graph.kernels import _store_sys, _store_sys_relaxed, handshake_kernel  # noqa: E402
+from arxtune.rdma.graph.kernels import handshake_kernel, ring  # noqa: E402
 
-DESC, DOORBELL = tl.constexpr(seg.DESC), tl.constexpr(seg.DOORBELL)
 HANDSHAKE = seg.OP_CODES["handshake"]
 
 
@@ -50,10 +49,7 @@ def ring_only_kernel(ctrl, counter, op_code):
     """The handshake's first half: descriptor and doorbell, no wait (the proxy still answers)."""
     step = tl.load(counter)
     seq = step + 1
-    slot = step % 2
-    _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
-    _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, 0)
-    _store_sys(ctrl + DOORBELL, seq)
+    ring(ctrl, step % 2, op_code, 0, seq)
     tl.store(counter, seq)
 
 

@@ -118,6 +118,15 @@ def _now_ns():
 
 
 @triton.jit
+def ring(ctrl, slot, op_code, nbytes, seq):
+    """Describe the step staged in `slot` (op, bytes), then ring the doorbell with its sequence number:
+    the release store puts the descriptor before the doorbell for the proxy."""
+    _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
+    _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, nbytes)
+    _store_sys(ctrl + DOORBELL, seq)
+
+
+@triton.jit
 def _wait_at_least(word, want, ctrl, deadline, code, peer):
     """Spin until *word >= want (host memory), another wait failed, or the deadline; True when it arrived.
 
@@ -192,9 +201,7 @@ def collective_kernel(inp, out, staging, inbox, flags, ctrl, counter, rank, n_st
         _fence_sys()
         tl.store(counter + 1, 0)
         tl.store(counter, seq)
-        _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
-        _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, nbytes)
-        _store_sys(ctrl + DOORBELL, seq)
+        ring(ctrl, slot, op_code, nbytes, seq)
     if pid == 0:
         ok = healthy
         for src in tl.static_range(WORLD):
@@ -236,8 +243,6 @@ def handshake_kernel(ctrl, counter, op_code, timeout_ns):
     step = tl.load(counter)
     seq = step + 1
     slot = step % 2
-    _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
-    _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, 0)
-    _store_sys(ctrl + DOORBELL, seq)
+    ring(ctrl, slot, op_code, 0, seq)
     _wait_at_least(ctrl + SENT, seq, ctrl, _now_ns() + timeout_ns, ERR_PROXY_TIMEOUT, -1)
     tl.store(counter, seq)

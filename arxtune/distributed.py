@@ -78,10 +78,15 @@ def describe_host(ctx: GroupContext) -> dict:
     return host_facts(ctx.device)
 
 
-def shutdown() -> None:
-    """Leave together: a rank tearing gloo down while a peer still talks to it can abort the peer."""
+def shutdown(together: bool = True) -> None:
+    """Leave together: a rank tearing gloo down while a peer still talks to it can abort the peer.
+
+    After an interrupt the ranks stop wherever the signal found them, so a barrier there would
+    meet a different collective on a peer and wait out the whole timeout; they just leave.
+    """
     if dist.is_initialized():
         try:
-            dist.barrier()
+            if together:
+                dist.barrier()
         finally:
             dist.destroy_process_group()

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -103,6 +104,33 @@ def _read_ranks_stderr(stream, log, result: LaunchResult) -> None:
             result.last_exception = text.strip()
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid, found through /proc (torchrun starts each rank in a session of its own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        parent = int(text[text.rfind(")") + 2:].split()[1])
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL pid and everything below it, so no rank outlives the launcher holding its pipes."""
+    for victim in [pid, *_descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_under_torchrun(plan: LaunchPlan, arxtune_args: list[str]) -> LaunchResult:
     """Run `python -m arxtune ARGS` on every rank; stderr goes to a log, arxtune's own lines to the user.
 
@@ -124,7 +152,7 @@ def run_under_torchrun(plan: LaunchPlan, arxtune_args: list[str]) -> LaunchResul
         try:
             proc.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _kill_tree(proc.pid)
             proc.wait(timeout=STOP_TIMEOUT_S)
         result.code = 130
     finally:

@@ -305,10 +305,14 @@ def _progress(enabled: bool, total: int):
 def run(config: SweepConfig, run_id: str | None = None, resume: str | None = None, progress: bool = True) -> Path:
     """Sweep under torchrun; returns the run directory (rank 0 writes it, all ranks return its path)."""
     ctx = distributed.init(config.timeout_s, config.backend_options)
+    interrupted = False
     try:
         return _run(config, ctx, run_id, resume, progress)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        distributed.shutdown()
+        distributed.shutdown(together=not interrupted)
 
 
 def _new_meta(config: SweepConfig, ctx: GroupContext, run_id: str, baseline: str, hosts: list[dict]) -> RunMeta:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from arxtune.launch import _descendants, _kill_tree
 from arxtune.results import POINTS_FILE, load_run
 from arxtune.thresholds import load
 
@@ -71,7 +73,8 @@ def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measu
         time.sleep(0.1)
     assert sweep.poll() is None, "the sweep ended before it could be interrupted"
     sweep.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the foreground process
-    _, stderr = sweep.communicate(timeout=60)
+    # The ranks stop in a few seconds; a rank left in a barrier would hold the pipes for its whole 120 s timeout.
+    _, stderr = sweep.communicate(timeout=25)
     assert sweep.returncode == 130, stderr
     assert error_lines(stderr) == [f"arxtune: error: interrupted; finished points are kept: continue with `arxtune sweep --resume {run}`"], stderr
     assert "Traceback" not in stderr
@@ -104,6 +107,18 @@ def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measu
         before.meta.run_id, before.meta.started, before.meta.hostnames, before.meta.device_names, before.meta.config)
     again = arxtune("sweep", "--resume", run)
     assert again.returncode == 2 and "nothing to resume" in again.stderr
+
+
+def test_killing_the_launcher_tree_reaches_ranks_in_sessions_of_their_own():
+    """The launcher's last resort: torchrun starts each rank with setsid, so killing its group alone would orphan them."""
+    tree = subprocess.Popen(["bash", "-c", "setsid sleep 300 & sleep 300 & wait"], stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while len(_descendants(tree.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_descendants(tree.pid)) == 2
+    _kill_tree(tree.pid)
+    assert select.select([tree.stdout], [], [], 10)[0] and tree.stdout.read() == b""  # nothing below it still holds the pipe
+    assert tree.wait(timeout=10) == -signal.SIGKILL
 
 
 def test_a_start_up_failure_on_rank_0_reaches_every_rank_at_once(tmp_path):

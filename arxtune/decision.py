@@ -6,8 +6,12 @@ lies wholly below the baseline's, and its pooled median beats the
 baseline's by more than `margin`. Two backends within the margin of each
 other therefore leave the baseline in place. A challenger must also win
 at least MIN_RUN consecutive measured sizes: a lone win between sizes the
-baseline keeps is taken for noise, not a crossover. Where the baseline has
-no correct result, the fastest correct backend serves.
+baseline keeps is taken for noise, not a crossover. Likewise, fewer than
+MIN_RUN sizes the baseline keeps between two runs of one challenger go to
+that challenger where its median still beats the baseline's by the margin
+(only one bad round widened its interval there): one noisy size does not cut
+a sustained win in two. Where the baseline has no correct result, the
+fastest correct backend serves.
 """
 
 from __future__ import annotations
@@ -46,18 +50,37 @@ def sustained(choices: list[str], baseline: str, displaced: set[int], min_run: i
     return result
 
 
+def bridged(choices: list[str], baseline: str, faster: list[set[str]], min_run: int = MIN_RUN) -> list[str]:
+    """Runs of the baseline shorter than `min_run` between runs of one challenger go to it, at the
+    sizes where `faster` (per size: the backends whose median beats the baseline's by the margin) has it."""
+    result = list(choices)
+    start = 0
+    while start < len(choices):
+        end = start
+        while end + 1 < len(choices) and choices[end + 1] == choices[start]:
+            end += 1
+        if (choices[start] == baseline and end - start + 1 < min_run and 0 < start and end + 1 < len(choices)
+                and choices[start - 1] == choices[end + 1] != baseline
+                and all(choices[start - 1] in faster[i] for i in range(start, end + 1))):
+            result[start:end + 1] = [choices[start - 1]] * (end - start + 1)
+        start = end + 1
+    return result
+
+
 def measured_winners(frame: pd.DataFrame, baseline: str, margin: float, min_run: int = MIN_RUN) -> list[tuple[int, str]]:
     """(nbytes, backend) per measured size, ascending, for one (op, dtype, mode).
 
     `frame` holds that slice's correct points with their summaries (Run.frame()).
     """
-    sizes, choices, no_baseline = [], [], set()
+    sizes, choices, no_baseline, faster = [], [], set(), []
     for nbytes, rows in frame.groupby("nbytes", sort=True):
         winner = size_winner(rows, baseline, margin)
         if winner is None:
             continue
-        if not (rows.backend == baseline).any():
+        base = rows[rows.backend == baseline]
+        if base.empty:
             no_baseline.add(len(choices))
+        faster.append(set() if base.empty else set(rows[rows.median_us * (1 + margin) < base.median_us.iloc[0]].backend))
         sizes.append(int(nbytes))
         choices.append(winner)
-    return list(zip(sizes, sustained(choices, baseline, no_baseline, min_run)))
+    return list(zip(sizes, bridged(sustained(choices, baseline, no_baseline, min_run), baseline, faster, min_run)))

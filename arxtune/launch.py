@@ -86,6 +86,7 @@ class LaunchResult:
 
 def _read_ranks_stderr(stream, log, result: LaunchResult) -> None:
     """Keep torchrun's and the ranks' stderr in the log; pass on arxtune's own lines, each once."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # so they wake the main thread's wait
     shown = set()
     for line in stream:
         log.write(line)

@@ -4,9 +4,11 @@ Each timer runs `op` one or more times per sample and returns microseconds
 per op. Three views of the same call:
 - `eager`: back-to-back calls between two events, divided by their count
   (nccl-tests' definition: what a stream of launches sustains). On CPU tensors
-  a call is synchronous, so one call between two clock reads is that view.
+  the events are clock reads around as many synchronous calls.
 - `isolated`: one call between two events, synchronised before and after:
-  host launch and framework overhead included (CUDA only).
+  host launch and framework overhead included. On CPU tensors, one call right
+  after the harness's barrier: it also pays for the ranks leaving the barrier
+  at different moments, which on a busy host can outweigh the call itself.
 - `graph`: replays of a CUDA graph holding many calls, divided by their count;
   enough calls per graph that the replay's own launch stays small.
 """
@@ -20,8 +22,12 @@ import torch
 
 Op = Callable[[], None]
 
-#: Calls per eager sample on CUDA, as nccl-tests' default `-n 20`.
+#: Calls per eager sample, as nccl-tests' default `-n 20`.
 EAGER_OPS_PER_SAMPLE = 20
+#: On CPU tensors an eager sample holds calls up to this many bytes (at least one):
+#: small calls need company to outweigh the ranks' skew leaving the barrier, while
+#: twenty multi-megabyte gloo calls per sample would make a sweep crawl.
+CPU_EAGER_SAMPLE_BYTES = 1 << 20
 #: Calls per captured graph. A replay's own launch measured about 6 us on an H200
 #: (benchmarks/timing_views.py), so 200 calls keep it near 3% of a 1 us op.
 GRAPH_OPS_PER_SAMPLE = 200
@@ -42,18 +48,20 @@ class Timer(Protocol):
 
 
 class WallTimer:
-    """perf_counter around one call; for CPU tensors, where the call is synchronous."""
+    """The clock around `ops_per_sample` calls, per call; for CPU tensors, where a call is synchronous."""
 
-    mode = "eager"
-    ops_per_sample = 1
+    def __init__(self, mode: str, ops_per_sample: int) -> None:
+        self.mode = mode
+        self.ops_per_sample = ops_per_sample
 
     def prepare(self, op: Op) -> None:
         pass
 
     def time_once(self, op: Op) -> float:
         start = time.perf_counter_ns()
-        op()
-        return (time.perf_counter_ns() - start) / 1e3
+        for _ in range(self.ops_per_sample):
+            op()
+        return (time.perf_counter_ns() - start) / 1e3 / self.ops_per_sample
 
 
 class _CudaEvents:
@@ -131,13 +139,13 @@ class CudaGraphTimer(_CudaEvents):
         return self._elapsed_us() / self.ops_per_sample
 
 
-#: (device type, mode) -> timer. A mode with no timer for the device is not planned
-#: (isolated equals eager for synchronous CPU calls; graphs need CUDA).
-TIMERS: dict[tuple[str, str], type] = {
-    ("cpu", "eager"): WallTimer,
-    ("cuda", "eager"): CudaBackToBackTimer,
-    ("cuda", "isolated"): CudaIsolatedTimer,
-    ("cuda", "graph"): CudaGraphTimer,
+#: (device type, mode) -> timer factory. A mode with no timer for the device is not planned (graphs need CUDA).
+TIMERS: dict[tuple[str, str], Callable[[int], Timer]] = {
+    ("cpu", "eager"): lambda nbytes: WallTimer("eager", max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))),
+    ("cpu", "isolated"): lambda nbytes: WallTimer("isolated", 1),
+    ("cuda", "eager"): lambda nbytes: CudaBackToBackTimer(),
+    ("cuda", "isolated"): lambda nbytes: CudaIsolatedTimer(),
+    ("cuda", "graph"): lambda nbytes: CudaGraphTimer(),
 }
 
 
@@ -145,8 +153,9 @@ def has_timer(device: torch.device, mode: str) -> bool:
     return (device.type, mode) in TIMERS
 
 
-def make_timer(device: torch.device, mode: str) -> Timer:
+def make_timer(device: torch.device, mode: str, nbytes: int) -> Timer:
+    """The timer for one point: `nbytes` is the call's size, which some views size their samples by."""
     try:
-        return TIMERS[(device.type, mode)]()
+        return TIMERS[(device.type, mode)](nbytes)
     except KeyError:
         raise ValueError(f"no {mode!r} timer for {device.type} tensors; known: {sorted(TIMERS)}") from None

@@ -43,3 +43,27 @@ def test_without_a_baseline_result_the_fastest_serves_even_alone():
 
 def test_sustained_keeps_runs_long_enough():
     assert sustained(["b", "a", "a", "b", "c"], "b", set()) == ["b", "a", "a", "b", "b"]
+
+
+def test_one_noisy_size_does_not_cut_a_sustained_win_in_two():
+    noisy = [(4096, "gloo", 100.0, 95.0, 105.0), (4096, "fast", 50.0, 45.0, 400.0)]  # one bad round: intervals overlap
+    frame = _frame(_clear_win(1024) + _clear_win(2048) + noisy + _clear_win(8192) + _clear_win(16384))
+    assert [b for _, b in measured_winners(frame, "gloo", 0.05)] == ["fast"] * 5
+    # Not where the baseline is as fast there, nor at the ends of the grid, nor across two noisy sizes.
+    tie = [(4096, "gloo", 100.0, 95.0, 105.0), (4096, "fast", 98.0, 45.0, 400.0)]
+    frame = _frame(_clear_win(1024) + _clear_win(2048) + tie + _clear_win(8192) + _clear_win(16384))
+    assert [b for _, b in measured_winners(frame, "gloo", 0.05)] == ["fast", "fast", "gloo", "fast", "fast"]
+    frame = _frame([(512, "gloo", 100.0, 95.0, 105.0), (512, "fast", 50.0, 45.0, 400.0)] + _clear_win(1024) + _clear_win(2048))
+    assert [b for _, b in measured_winners(frame, "gloo", 0.05)] == ["gloo", "fast", "fast"]
+    twice = [(n, "gloo", 100.0, 95.0, 105.0) for n in (4096, 8192)] + [(n, "fast", 50.0, 45.0, 400.0) for n in (4096, 8192)]
+    frame = _frame(_clear_win(1024) + _clear_win(2048) + twice + _clear_win(16384) + _clear_win(32768))
+    assert [b for _, b in measured_winners(frame, "gloo", 0.05)] == ["fast", "fast", "gloo", "gloo", "fast", "fast"]
+
+
+def test_bridged_leaves_runs_it_does_not_sit_between():
+    from arxtune.decision import bridged
+
+    everywhere = [{"a", "b"}] * 5
+    assert bridged(["a", "gloo", "b", "b", "b"], "gloo", everywhere) == ["a", "gloo", "b", "b", "b"]
+    assert bridged(["a", "a", "gloo", "a", "a"], "gloo", everywhere) == ["a"] * 5
+    assert bridged(["a", "a", "gloo", "a", "a"], "gloo", everywhere, min_run=1) == ["a", "a", "gloo", "a", "a"]

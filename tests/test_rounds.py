@@ -81,7 +81,7 @@ class _Timer:
     (200, 8192, 64 << 20, 200),
     (200, 8 << 20, 64 << 20, 8),  # as many as fit in the sweep's largest size
     (20, 64 << 20, 64 << 20, 1),
-    (1, 8192, 64 << 20, 1),  # one call per sample (isolated, CPU): one buffer, so the check sees timed results
+    (1, 8192, 64 << 20, 1),  # one call per sample (isolated): one buffer, so the check sees timed results
 ])
 def test_buffer_count_rotates_like_nccl_tests_within_the_largest_size(ops_per_sample, nbytes, span, want):
     from arxtune.sweep import buffer_count
@@ -110,3 +110,24 @@ def test_rotating_op_uses_each_pair_in_turn_and_a_backends_bind():
     seen.clear()
     rotating_op(bound_call(Plain(), "all_reduce"), ins[:1], outs[:1])()
     assert seen == [("plain", 0, 10)]
+
+
+def test_cpu_views_eager_times_calls_back_to_back_and_isolated_one_call():
+    import time
+
+    from arxtune.timing import EAGER_OPS_PER_SAMPLE, make_timer
+
+    calls: list[int] = []
+
+    def op():
+        calls.append(1)
+        time.sleep(0.001)
+
+    cpu = torch.device("cpu")
+    assert [make_timer(cpu, "eager", n).ops_per_sample for n in (1024, 256 << 10, 1 << 20, 16 << 20)] == [EAGER_OPS_PER_SAMPLE, 4, 1, 1]
+    for mode, count in (("eager", EAGER_OPS_PER_SAMPLE), ("isolated", 1)):
+        timer = make_timer(cpu, mode, 1024)
+        calls.clear()
+        per_call_us = timer.time_once(op)
+        assert (timer.mode, timer.ops_per_sample, len(calls)) == (mode, count, count)
+        assert 1000 <= per_call_us < 1000 * EAGER_OPS_PER_SAMPLE  # per call, not per sample

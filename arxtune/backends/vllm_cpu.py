@@ -3,8 +3,10 @@
 It builds vLLM's CpuCommunicator on the run's gloo group, named like a
 tensor-parallel group ("tp:..."), which is what vLLM serves TP calls with on
 CPU: its shared-memory kernels where the vLLM build has them (a CPU build of
-vLLM; they then need VLLM_DIST_IDENT set to the same value on every rank),
-else torch.distributed on the gloo group. `path` says which one it got.
+vLLM), else torch.distributed on the gloo group. As a vLLM CPU worker does, it
+loads the platform's kernels first and gives every rank one VLLM_DIST_IDENT
+(rank 0's, unless the user set one), or vLLM silently takes the gloo path.
+`path` says which one it got; the run's backend status records it.
 
 Calls mirror what vLLM's GroupCoordinator does for a dim-0 op, made out of
 place as the Backend protocol asks: all_reduce copies the input into `out`
@@ -16,11 +18,13 @@ copies its result into `out`.
 from __future__ import annotations
 
 import os
+import time
 from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 
+from ..distributed import gather_objects
 from .base import OPS, BackendUnavailable, GroupContext
 
 
@@ -39,14 +43,20 @@ class VllmCpuBackend:
         except ImportError as exc:
             reason = "vllm is not installed" if getattr(exc, "name", "") == "vllm" else f"cannot import vLLM's CpuCommunicator: {exc}"
             raise BackendUnavailable(f"{reason} (pip install 'arxtune[vllm]', or run from .venv-vllm)") from None
-        if hasattr(torch.ops._C, "init_shm_manager") and "VLLM_DIST_IDENT" not in os.environ:
-            raise BackendUnavailable("this vLLM has CPU shared-memory kernels, which need VLLM_DIST_IDENT set to the same value on every rank")
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()
+        own = os.environ.get("VLLM_DIST_IDENT") or f"arxtune-{os.getpid()}-{time.time_ns()}"
+        os.environ["VLLM_DIST_IDENT"] = gather_objects(own, ctx.cpu_group)[0]
         try:
             self.comm = CpuCommunicator(cpu_group=ctx.cpu_group, device=torch.device("cpu"),
                                         device_group=ctx.cpu_group, unique_name="tp:arxtune-vllm_cpu")
         except Exception as exc:  # vLLM's constructor has many ways to fail; the reason goes into the results
             raise BackendUnavailable(f"vLLM's CpuCommunicator did not start: {type(exc).__name__}: {exc}") from None
         self.path = "torch.distributed" if self.comm.dist_module is dist else "shm"
+
+    def effective_options(self) -> dict:
+        return {"path": self.path}
 
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
         return True

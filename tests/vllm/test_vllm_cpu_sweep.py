@@ -23,6 +23,8 @@ def test_sweep_with_vllm_cpu_then_calibrate_against_it(tmp_path):
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
     run = load_run(tmp_path / "vllm-cpu")
     assert run.meta.backends["vllm_cpu"]["available"], run.meta.backends
+    # vLLM's CPU build has shared-memory kernels: the sweep must time them, not vLLM's gloo fallback.
+    assert run.meta.backends["vllm_cpu"]["options"] == {"path": "shm"}, run.meta.backends["vllm_cpu"]
     points = [r for r in run.records if r.backend == "vllm_cpu"]
     assert len(points) == 3 * 3  # ops x sizes 1KiB, 8KiB, 64KiB
     assert {r.status for r in points} == {"ok"}, [(r.op, r.size, r.status, r.error) for r in points if r.status != "ok"]

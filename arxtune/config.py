@@ -57,7 +57,7 @@ class SweepConfig:
     """Ratio between consecutive sizes on the geometric grid."""
     modes: tuple[str, ...] = ("eager", "isolated", "graph")
     """Timing views (timing.py): eager (back-to-back calls), isolated (one call, host cost included;
-    CUDA only, as CPU calls are synchronous) and graph (CUDA graphs, capturable backends only)."""
+    on CPU, one call right after the barrier) and graph (CUDA graphs, capturable backends only)."""
     warmup_iters: int = 5
     """Untimed calls before timing each point."""
     rounds: int = 5

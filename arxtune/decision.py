@@ -34,19 +34,26 @@ def size_winner(rows: pd.DataFrame, baseline: str, margin: float) -> str | None:
     return baseline if better.empty else str(better.loc[better.median_us.idxmin(), "backend"])
 
 
-def sustained(choices: list[str], baseline: str, displaced: set[int], min_run: int = MIN_RUN) -> list[str]:
-    """Runs of one challenger shorter than `min_run` go back to the baseline (except where it had no result)."""
-    result = list(choices)
-    start = 0
+def _runs(choices: list[str]) -> list[tuple[int, int]]:
+    """(first, last) index of each run of one backend, in order."""
+    runs, start = [], 0
     while start < len(choices):
         end = start
         while end + 1 < len(choices) and choices[end + 1] == choices[start]:
             end += 1
+        runs.append((start, end))
+        start = end + 1
+    return runs
+
+
+def sustained(choices: list[str], baseline: str, displaced: set[int], min_run: int = MIN_RUN) -> list[str]:
+    """Runs of one challenger shorter than `min_run` go back to the baseline (except where it had no result)."""
+    result = list(choices)
+    for start, end in _runs(choices):
         if choices[start] != baseline and end - start + 1 < min_run:
             for i in range(start, end + 1):
                 if i not in displaced:
                     result[i] = baseline
-        start = end + 1
     return result
 
 
@@ -54,16 +61,11 @@ def bridged(choices: list[str], baseline: str, faster: list[set[str]], min_run: 
     """Runs of the baseline shorter than `min_run` between runs of one challenger go to it, at the
     sizes where `faster` (per size: the backends whose median beats the baseline's by the margin) has it."""
     result = list(choices)
-    start = 0
-    while start < len(choices):
-        end = start
-        while end + 1 < len(choices) and choices[end + 1] == choices[start]:
-            end += 1
+    for start, end in _runs(choices):
         if (choices[start] == baseline and end - start + 1 < min_run and 0 < start and end + 1 < len(choices)
                 and choices[start - 1] == choices[end + 1] != baseline
                 and all(choices[start - 1] in faster[i] for i in range(start, end + 1))):
             result[start:end + 1] = [choices[start - 1]] * (end - start + 1)
-        start = end + 1
     return result
 
 

@@ -3,8 +3,8 @@
     python benchmarks/arx_graph.py --out results/RUN/arx_graph.csv --plot results/RUN/arx_graph.png
 
 Two GPU ranks live in this process on one GPU, each with its own segment,
-proxy process and CUDA stream; a CUDA graph holds 10 all-reduces of both ranks
-(the two chains run concurrently). A sample is one replay divided by 10. The
+proxy process and CUDA stream; a CUDA graph holds a chain of 10 all-reduces per
+rank, the two chains concurrent and meeting only through the protocol. A sample is one replay divided by 10. The
 floor is a one-rank graph of 10 bare handshakes (the kernel rings the doorbell
 and waits for its proxy's answer), timed in the same run. Every size's output
 is checked bit for bit after timing. Prints a table, writes a CSV.
@@ -31,16 +31,16 @@ OPS_PER_GRAPH = 10
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:
+    """A graph of fn(OPS_PER_GRAPH), after one fn(1) outside the capture (it compiles the kernels)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()  # warm-up (compiles the kernels) outside the capture
+        fn(1)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(OPS_PER_GRAPH):
-            fn()
+        fn(OPS_PER_GRAPH)
     torch.cuda.synchronize()
     return g
 
@@ -126,7 +126,7 @@ def main() -> int:
     dtype, rows = torch.bfloat16, []
 
     floor = RanksOnOneGpu(1, RdmaConfig(max_bytes=4096, timeout_s=a.timeout_s))
-    g = capture(lambda: floor.ranks[0].handshake())
+    g = capture(lambda repeat: [floor.ranks[0].handshake() for _ in range(repeat)])
     floor_us = statistics.median(time_graph(g, a.warmup, a.samples))
     floor_eager = statistics.median(time_eager(lambda: floor.ranks[0].handshake(), a.warmup, a.samples))
     floor.check()
@@ -141,10 +141,9 @@ def main() -> int:
         n = elements_per_rank("all_reduce", nbytes, a.world, 2)
         ins = [make_input("all_reduce", n, r, a.world, dtype, dev) for r in range(a.world)]
         outs = [torch.full_like(i, float("nan")) for i in ins]
-        fn = lambda: pair.collective("all_reduce", ins, outs)  # noqa: E731
-        g = capture(fn)
+        g = capture(lambda repeat: pair.collective("all_reduce", ins, outs, repeat))
         graph_us = time_graph(g, a.warmup, a.samples)
-        eager_us = time_eager(fn, a.warmup, a.samples)
+        eager_us = time_eager(lambda: pair.collective("all_reduce", ins, outs), a.warmup, a.samples)
         torch.cuda.synchronize()
         pair.check()
         ref = expected_output("all_reduce", n, 0, a.world, dtype)

@@ -67,7 +67,7 @@ def main() -> int:
     ]
     print(f"arxg handshake on {torch.cuda.get_device_name(0)}; median us per kernel, graphs of 10")
     for name, fn in cases:
-        g = capture(fn)
+        g = capture(lambda repeat, fn=fn: [fn() for _ in range(repeat)])
         print(f"{name:<24} {statistics.median(time_graph(g, 20, 200)):7.2f}", flush=True)
         del g
     torch.cuda.synchronize()

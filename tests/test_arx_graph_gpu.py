@@ -50,13 +50,15 @@ def _capture(fn) -> torch.cuda.CUDAGraph:
     return g
 
 
-@pytest.mark.parametrize("op,dtype,n,replays", [
-    ("all_reduce", torch.bfloat16, 8192, 10_000),  # 16 KiB
-    ("all_reduce", torch.float32, 250_000, 200),  # many programs per kernel, 1 MB
-    ("all_gather", torch.int32, 1000, 1000),
-    ("reduce_scatter", torch.float16, 4096, 1000),
+@pytest.mark.parametrize("op,dtype,n,replays,chain", [
+    ("all_reduce", torch.bfloat16, 8192, 10_000, 1),  # 16 KiB
+    ("all_reduce", torch.bfloat16, 8192, 1000, 10),  # a rank runs ahead of its peer through both slots
+    ("all_reduce", torch.float32, 250_000, 200, 1),  # many programs per kernel, 1 MB
+    ("all_gather", torch.int32, 1000, 1000, 1),
+    ("reduce_scatter", torch.float16, 4096, 1000, 3),
 ])
-def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype, n, replays):
+def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype, n, replays, chain):
+    """Each replay runs a chain of `chain` calls per rank on the same buffers: the last call's output is checked."""
     world, dev = 2, torch.device("cuda", 0)
     pair = _pair(world)
     try:
@@ -66,7 +68,7 @@ def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype
         outs = [torch.empty(OP_SPECS[op].shapes(n, world)[1], dtype=dtype, device=dev) for _ in range(world)]
         for r in range(world):
             ins[r].copy_(inputs[r][0])
-        g = _capture(lambda: pair.collective(op, ins, outs))
+        g = _capture(lambda: pair.collective(op, ins, outs, chain))
         for i in range(replays):
             s = i % SALTS
             for r in range(world):

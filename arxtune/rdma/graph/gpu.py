@@ -73,7 +73,7 @@ class GpuRank:
         k.collective_kernel[(min(blocks, self.max_programs),)](
             inp, out, staging, inbox, self.flags, self.ctrl, self.counter, s.rank, n_in, n_part, slot_elems, nbytes,
             s.flag_devices(op, nbytes), OP_CODES[op], self.timeout_ns, OP=OP_CODES[op], WORLD=s.world, NDEV=L.ndev,
-            INT_ACC=not inp.dtype.is_floating_point, BLOCK=k.BLOCK)
+            INT_ACC=not inp.dtype.is_floating_point, BLOCK=k.BLOCK, num_warps=k.NUM_WARPS)
 
     def all_reduce(self, inp, out):
         self.run("all_reduce", inp, out)
@@ -86,7 +86,7 @@ class GpuRank:
 
     def handshake(self) -> None:
         """Ring and wait for the proxy, nothing else: the floor of a step (every rank must do the same)."""
-        self.k.handshake_kernel[(1,)](self.ctrl, self.counter, OP_CODES["handshake"], self.timeout_ns)
+        self.k.handshake_kernel[(1,)](self.ctrl, self.counter, OP_CODES["handshake"], self.timeout_ns, num_warps=1)
 
     def check(self) -> None:
         self.s.check()
@@ -105,14 +105,17 @@ class RanksOnOneGpu:
         self.ranks = [GpuRank(s, torch.device("cuda", device)) for s in open_local(cfg, world)]
         self.streams = [torch.cuda.Stream() for _ in self.ranks]
 
-    def collective(self, op: str, ins, outs) -> None:
-        """One collective on every rank, each on its stream, joined back into the current stream."""
+    def collective(self, op: str, ins, outs, repeat: int = 1) -> None:
+        """`repeat` collectives on every rank, each rank's chain on its stream, joined back into the
+        current stream at the end: between calls the ranks meet only through the protocol, as ranks
+        on different GPUs do."""
         cur = torch.cuda.current_stream()
         for s in self.streams:
             s.wait_stream(cur)
         for rank, s, i, o in zip(self.ranks, self.streams, ins, outs):
             with torch.cuda.stream(s):
-                getattr(rank, op)(i, o)
+                for _ in range(repeat):
+                    getattr(rank, op)(i, o)
         for s in self.streams:
             cur.wait_stream(s)
 

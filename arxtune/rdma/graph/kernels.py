@@ -18,7 +18,10 @@ import triton.language as tl
 
 from . import segment as _seg
 
-BLOCK = 4096  # elements per program
+BLOCK = 1024  # elements per program
+#: One warp per program: Triton runs scalar code on every warp, so each extra warp of the polling
+#: program adds a read of host memory to every poll (4 warps doubled a handshake on the H200).
+NUM_WARPS = 1
 
 # control-word indices and error codes, as compile-time constants for the kernels
 DESC = tl.constexpr(_seg.DESC)
@@ -118,11 +121,17 @@ def _now_ns():
 
 
 @triton.jit
-def ring(ctrl, slot, op_code, nbytes, seq):
-    """Describe the step staged in `slot` (op, bytes), then ring the doorbell with its sequence number:
-    the release store puts the descriptor before the doorbell for the proxy."""
+def describe(ctrl, slot, op_code, nbytes):
+    """Describe the step staged in `slot` (op, bytes) for the proxy; a fence or release store must follow."""
     _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
     _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, nbytes)
+
+
+@triton.jit
+def ring(ctrl, slot, op_code, nbytes, seq):
+    """Describe the step, then ring the doorbell with its sequence number:
+    the release store puts the descriptor before the doorbell for the proxy."""
+    describe(ctrl, slot, op_code, nbytes)
     _store_sys(ctrl + DOORBELL, seq)
 
 
@@ -194,14 +203,18 @@ def collective_kernel(inp, out, staging, inbox, flags, ctrl, counter, rank, n_st
             offs = b * BLOCK + offs0
             mask = offs < n_stage
             tl.store(staging + slot * slot_elems + offs, tl.load(inp + offs, mask=mask), mask=mask)
-    _fence_sys()
-    tl.debug_barrier()  # every thread's staging stores are fenced before thread 0 arrives
-    arrived = tl.atomic_add(counter + 1, 1, sem="acq_rel")
-    if arrived == nprog - 1:
-        _fence_sys()
-        tl.store(counter + 1, 0)
+    if pid == 0:
+        describe(ctrl, slot, op_code, nbytes)
+    _fence_sys()  # this program's staging stores and descriptor reach host memory before it arrives
+    tl.debug_barrier()
+    arrived = (nprog - 1).to(tl.int64)
+    if nprog > 1:
+        arrived = tl.atomic_add(counter + 1, 1, sem="acq_rel")
+    if arrived == nprog - 1:  # the last program to arrive rings: every program's stores are fenced by now
+        if nprog > 1:
+            tl.store(counter + 1, 0)
         tl.store(counter, seq)
-        ring(ctrl, slot, op_code, nbytes, seq)
+        _store_sys_relaxed(ctrl + DOORBELL, seq)
     if pid == 0:
         ok = healthy
         for src in tl.static_range(WORLD):

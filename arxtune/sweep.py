@@ -131,6 +131,14 @@ def bound_call(backend: Backend, op: str) -> Callable[[torch.Tensor, torch.Tenso
     return lambda inp, out: lambda: call(inp, out)
 
 
+def timed_op(backend: Backend, op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> Callable[[], None]:
+    """The op a timer runs, rotating through the buffer pairs: the backend's own `bind_rotation`
+    where it has one (its result may offer `repeat(n)`, n calls launched back to back by the
+    backend itself), else `rotating_op` over its bound calls."""
+    own = getattr(backend, "bind_rotation", None)
+    return own(op, ins, outs) if own is not None else rotating_op(bound_call(backend, op), ins, outs)
+
+
 def rotating_op(bind: Callable[[torch.Tensor, torch.Tensor], Callable[[], None]], ins: list[torch.Tensor],
                 outs: list[torch.Tensor]) -> Callable[[], None]:
     """A zero-argument op that runs on the next (input, output) pair each time."""
@@ -213,7 +221,7 @@ class PointRunner:
         count = buffer_count(timer, nbytes, config.max_bytes)
         ins = [make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device) for _ in range(count)]
         outs = [torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device) for _ in range(count)]
-        timed = _Timed(point, nbytes, rotating_op(bound_call(backend, point.op), ins, outs), outs,
+        timed = _Timed(point, nbytes, timed_op(backend, point.op, ins, outs), outs,
                        expected_output(point.op, n, ctx.rank, ctx.world_size, dtype), timer, ins=ins,
                        check=getattr(backend, "check", None))
         failure = self._guard(point, nbytes, timed.op, timed.check)

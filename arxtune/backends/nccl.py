@@ -7,22 +7,35 @@ backend binds the libnccl that torch already loaded, makes its own communicator
 (the unique id travels over the run's gloo group) and launches each op with
 nothing in between: what a C caller, vLLM's PyNccl or nccl-tests sees.
 `torch_nccl` (torch_dist.py) keeps the c10d path for those who call it.
+
+Eager samples launch their calls from a small C loop (nccl_burst.c), as
+nccl-tests does: below a few MiB a call is bound by the host, and a Python
+call adds about a microsecond to NCCL's own enqueue. Where the loop cannot be
+built (no C compiler), or with ARXTUNE_NCCL_LOOP=python, they launch from
+Python; the run's backend options say which (`eager_loop`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
+import itertools
 import os
+import sys
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 
+from .. import native
 from ..distributed import gather_objects
 from .base import BackendUnavailable, GroupContext
 
 ENV_LIBRARY = "ARXTUNE_NCCL_LIBRARY"
+ENV_LOOP = "ARXTUNE_NCCL_LOOP"  # "c" (default) or "python": where eager samples launch their calls
+BURST_SOURCE = Path(__file__).with_name("nccl_burst.c")
 #: ncclDataType_t and ncclRedOp_t values from nccl.h (stable since NCCL 2.10).
 DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7,
           torch.float64: 8, torch.bfloat16: 9}
@@ -89,6 +102,47 @@ class NcclLibrary:
             raise RuntimeError(f"{what} failed: NCCL error {rc} ({self.lib.ncclGetErrorString(rc).decode()})")
 
 
+@functools.lru_cache(maxsize=1)
+def launch_loop() -> tuple[object, str]:
+    """(the C loop's entry point or None, where eager calls launch from: "c" or "python (why)")."""
+    if os.environ.get(ENV_LOOP, "c") == "python":
+        return None, f"python ({ENV_LOOP}=python)"
+    try:
+        fn = ctypes.CDLL(str(native.build(BURST_SOURCE))).arxtune_nccl_burst
+    except OSError as exc:
+        print(f"nccl: the C launch loop is unavailable ({exc}); eager calls launch from Python", file=sys.stderr)
+        return None, f"python (no C loop: {exc})"
+    vp = ctypes.c_void_p
+    fn.restype = ctypes.c_int
+    fn.argtypes = [vp, ctypes.c_int, vp, vp, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, vp, vp, ctypes.c_int]
+    return fn, "c"
+
+
+class Rotation:
+    """Calls of one op rotating through buffer pairs: one from Python per call(), or `repeat(n)`
+    launched back to back from the C loop (pair i % pairs for the i-th)."""
+
+    def __init__(self, backend: "NcclBackend", op: str, ins: list[torch.Tensor], outs: list[torch.Tensor], loop) -> None:
+        self._next = itertools.cycle([backend.bind(op, i, o) for i, o in zip(ins, outs)]).__next__
+        fn, (_, _, count, dtype, *reduction, comm) = backend._arguments(op, ins[0], outs[0])
+        pairs = len(ins)
+        self._head = (ctypes.cast(fn, ctypes.c_void_p), int(bool(reduction)),
+                      (ctypes.c_void_p * pairs)(*[t.data_ptr() for t in ins]),
+                      (ctypes.c_void_p * pairs)(*[t.data_ptr() for t in outs]), pairs, count, dtype,
+                      reduction[0] if reduction else SUM, comm)
+        self._loop, self._backend, self._name = loop, backend, f"nccl {op}"
+        self.repeat = self._launch_from_c if loop is not None else None  # None: the timer loops over call()
+
+    def __call__(self) -> None:
+        self._next()()
+
+    def _launch_from_c(self, calls: int) -> None:
+        b = self._backend
+        rc = self._loop(*self._head, b._stream(b.device_index), calls)
+        if rc:
+            b.nccl.check(rc, self._name)
+
+
 class NcclBackend:
     name = "nccl"
     capturable = True
@@ -145,6 +199,13 @@ class NcclBackend:
                 nccl.check(rc, name)
 
         return call
+
+    def bind_rotation(self, op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> Rotation:
+        """Calls of `op` rotating through these buffer pairs, with `repeat(n)` for a C loop of n launches."""
+        return Rotation(self, op, ins, outs, launch_loop()[0])
+
+    def effective_options(self) -> dict:
+        return {"eager_loop": launch_loop()[1]}
 
     def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None:
         self._launch("all_reduce", inp, out)

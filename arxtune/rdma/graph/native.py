@@ -2,25 +2,19 @@
 
 A Python loop costs the proxy microseconds a step (bytecode, ctypes, dict
 lookups) where the copy itself takes nanoseconds; the C loop polls and copies
-without the interpreter. It is built with the host's C compiler (`cc`, which
-Triton needs on any GPU host anyway) into a per-user cache, keyed by the
-machine and the source's hash. Where no compiler works, the proxy keeps its
-Python loop and says why once. `ARXTUNE_ARXG_NATIVE=0` keeps the Python loop.
+without the interpreter. It is built by arxtune/native.py. Where no compiler
+works, the proxy keeps its Python loop and says why once. `ARXTUNE_ARXG_NATIVE=0` keeps the Python loop.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from ... import native as _native
 from ..protocol import Layout
 from .segment import DESC, DOORBELL, SENT, Segment
 
@@ -42,33 +36,9 @@ class Step(ctypes.Structure):
                 ("puts", Put * MAX_PUTS)]
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "arxtune"
-
-
 def build() -> Path:
     """The compiled loop's path, compiling it if this source has not been built here. Raises OSError."""
-    source = SOURCE.read_bytes()
-    target = _cache_dir() / f"serve_shm-{platform.machine()}-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    compiler = shlex.split(os.environ.get("CC", "")) or [c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]
-    if not compiler:
-        raise OSError("no C compiler (cc) on PATH")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # proxies may build at once: rename into place
-    os.close(fd)
-    try:
-        result = subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], capture_output=True,
-                                text=True, timeout=120)
-        if result.returncode:
-            raise OSError(f"{' '.join(compiler)} failed: {result.stderr.strip()[-500:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return _native.build(SOURCE)
 
 
 def load():

@@ -1,10 +1,15 @@
 """The measured decision rule: which backend serves each measured size.
 
 At each size the baseline keeps the point unless a challenger beats it
-clearly: the challenger's interval (the spread of its per-round medians)
-lies wholly below the baseline's, and its pooled median beats the
-baseline's by more than `margin`. Two backends within the margin of each
-other therefore leave the baseline in place. A challenger must also win
+clearly: its pooled median beats the baseline's by more than `margin`, and
+so does the median over rounds of its time over the baseline's in the same
+round. The backends take turns within a round, so a round compares them
+under the same conditions and drift between rounds cancels; the median over
+rounds lets a minority of bad rounds (a rank descheduled while it spins)
+pass without deciding anything. Points without paired rounds (one round, or
+different counts) need the challenger's interval (the spread of its round
+medians) wholly below the baseline's instead. Two backends
+within the margin of each other therefore leave the baseline in place. A challenger must also win
 at least MIN_RUN consecutive measured sizes: a lone win between sizes the
 baseline keeps is taken for noise, not a crossover. Likewise, fewer than
 MIN_RUN sizes the baseline keeps between two runs of one challenger go to
@@ -16,10 +21,26 @@ fastest correct backend serves.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 #: Consecutive measured sizes a challenger must win to displace the baseline.
 MIN_RUN = 2
+
+
+def _rounds(row) -> tuple:
+    rounds = row.get("round_medians_us")
+    return tuple(rounds) if isinstance(rounds, (tuple, list)) else ()
+
+
+def clearly_faster(challenger, base, margin: float) -> bool:
+    """Whether one point (a frame row) beats the baseline's at the same size with confidence."""
+    if not challenger.median_us * (1 + margin) < base.median_us:
+        return False
+    mine, theirs = _rounds(challenger), _rounds(base)
+    if len(mine) >= 2 and len(mine) == len(theirs) and min(theirs) > 0:
+        return float(np.median([m / t for m, t in zip(mine, theirs)])) * (1 + margin) < 1
+    return challenger.ci_high_us < base.ci_low_us
 
 
 def size_winner(rows: pd.DataFrame, baseline: str, margin: float) -> str | None:
@@ -30,7 +51,7 @@ def size_winner(rows: pd.DataFrame, baseline: str, margin: float) -> str | None:
     if base.empty:
         return str(rows.loc[rows.median_us.idxmin(), "backend"])
     b = base.iloc[0]
-    better = rows[(rows.backend != baseline) & (rows.ci_high_us < b.ci_low_us) & (rows.median_us * (1 + margin) < b.median_us)]
+    better = rows[[name != baseline and clearly_faster(row, b, margin) for name, (_, row) in zip(rows.backend, rows.iterrows())]]
     return baseline if better.empty else str(better.loc[better.median_us.idxmin(), "backend"])
 
 

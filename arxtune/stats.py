@@ -54,21 +54,25 @@ def split_rounds(samples_us, round_lengths) -> list[np.ndarray]:
     return np.split(values, np.cumsum(round_lengths)[:-1])
 
 
+def round_medians(samples_us, round_lengths=()) -> list[float]:
+    """The median of each non-empty round, in the order the rounds ran."""
+    return [float(np.median(r)) for r in split_rounds(samples_us, round_lengths) if r.size]
+
+
 def summarize(samples_us, round_lengths=()) -> Summary:
     values = np.sort(np.asarray(samples_us, dtype=np.float64))
     if values.size == 0:
         raise ValueError("no samples")
     median = float(np.median(values))
     p10, p90, p99 = (float(v) for v in np.percentile(values, [10, 90, 99]))
-    rounds = [r for r in split_rounds(samples_us, round_lengths) if r.size]
-    if len(rounds) >= 2:
-        round_medians = [float(np.median(r)) for r in rounds]
-        ci_low, ci_high = min(round_medians), max(round_medians)
+    medians = round_medians(samples_us, round_lengths)
+    if len(medians) >= 2:
+        ci_low, ci_high = min(medians), max(medians)
     else:
         low, high = median_ci_ranks(values.size)
         ci_low, ci_high = float(values[low]), float(values[high])
     unstable = values.size < 5 or (p90 - p10) > UNSTABLE_SPREAD * median or (ci_high - ci_low) > UNSTABLE_CI * median
-    return Summary(int(values.size), len(rounds), median, p10, p90, p99, ci_low, ci_high, bool(unstable))
+    return Summary(int(values.size), len(medians), median, p10, p90, p99, ci_low, ci_high, bool(unstable))
 
 
 def bandwidths(nbytes: int, seconds: float, bus_factor: float) -> tuple[float, float]:

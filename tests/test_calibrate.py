@@ -37,8 +37,8 @@ def test_margin_keeps_the_baseline_when_the_gain_is_small(tmp_path):
     assert _measured_winners(calibrate(run, margin=0.01)) == {"fast"}
 
 
-def test_overlapping_intervals_keep_the_baseline(tmp_path):
-    run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 80.0, [1024, 2048], spread=0.6, n=20)
+def test_without_paired_rounds_overlapping_intervals_keep_the_baseline(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 80.0, [1024, 2048], spread=0.6, n=20, rounds=1)
     thresholds = calibrate(run, margin=0.0)
     assert {r.backend for r in thresholds.tables[0].ranges} == {"gloo"}  # nor does the model pick 'fast' beyond the grid
 

@@ -1,3 +1,4 @@
+import numpy as np
 import pandas as pd
 
 from arxtune.decision import measured_winners, sustained
@@ -67,3 +68,45 @@ def test_bridged_leaves_runs_it_does_not_sit_between():
     assert bridged(["a", "gloo", "b", "b", "b"], "gloo", everywhere) == ["a", "gloo", "b", "b", "b"]
     assert bridged(["a", "a", "gloo", "a", "a"], "gloo", everywhere) == ["a"] * 5
     assert bridged(["a", "a", "gloo", "a", "a"], "gloo", everywhere, min_run=1) == ["a", "a", "gloo", "a", "a"]
+
+
+def _paired(nbytes, base_rounds, fast_rounds):
+    """Two points at one size with their round medians (pooled median: the median of the rounds)."""
+    def row(name, rounds):
+        return {"nbytes": nbytes, "backend": name, "median_us": float(np.median(rounds)), "ci_low_us": min(rounds),
+                "ci_high_us": max(rounds), "round_medians_us": tuple(rounds)}
+    return [row("gloo", base_rounds), row("fast", fast_rounds)]
+
+
+def test_a_win_in_most_rounds_displaces_the_baseline_despite_bad_rounds():
+    # 'fast' is 5-10x faster in three rounds; in two a descheduled rank made it slower: intervals overlap.
+    rows = _paired(1024, [800, 700, 3000, 3000, 600], [3400, 90, 100, 3500, 90])
+    rows += _paired(2048, [3600, 600, 700, 3900, 800], [150, 3400, 160, 150, 3700])
+    assert [b for _, b in measured_winners(pd.DataFrame(rows), "gloo", 0.05)] == ["fast", "fast"]
+
+
+def test_a_win_in_a_minority_of_rounds_keeps_the_baseline():
+    rows = _paired(1024, [100, 100, 100, 100, 100], [50, 50, 120, 120, 120])
+    rows += _paired(2048, [100, 100, 100, 100, 100], [50, 50, 120, 120, 120])
+    for row in rows[1::2]:
+        row["median_us"] = 60.0  # pooled over rounds of unequal length, the median alone would say 'fast'
+    assert {b for _, b in measured_winners(pd.DataFrame(rows), "gloo", 0.05)} == {"gloo"}
+    for row in rows[1::2]:
+        row["round_medians_us"] = (50, 50, 50, 120, 120)
+    assert {b for _, b in measured_winners(pd.DataFrame(rows), "gloo", 0.05)} == {"fast"}
+
+
+def test_round_ratios_within_the_margin_keep_the_baseline():
+    from arxtune.decision import clearly_faster
+
+    base, fast = (pd.Series(r) for r in _paired(1024, [100, 110, 90, 100, 105], [97, 106, 86, 96, 101]))
+    assert not clearly_faster(fast, base, 0.05) and clearly_faster(fast, base, 0.01)
+
+
+def test_rounds_that_do_not_pair_fall_back_to_the_intervals():
+    from arxtune.decision import clearly_faster
+
+    base, fast = (pd.Series(r) for r in _paired(1024, [100, 100, 100, 100, 100], [50, 50, 50, 150]))
+    assert not clearly_faster(fast, base, 0.05)  # four rounds against five: 150 > 100 overlaps
+    base, fast = (pd.Series(r) for r in _paired(1024, [100, 100, 100, 100, 100], [50, 50, 50, 60]))
+    assert clearly_faster(fast, base, 0.05)

@@ -8,13 +8,13 @@ under the same conditions and drift between rounds cancels; the median over
 rounds lets a minority of bad rounds (a rank descheduled while it spins)
 pass without deciding anything. Points without paired rounds (one round, or
 different counts) need the challenger's interval (the spread of its round
-medians) wholly below the baseline's instead. Two backends
-within the margin of each other therefore leave the baseline in place. A challenger must also win
-at least MIN_RUN consecutive measured sizes: a lone win between sizes the
+medians) wholly below the baseline's instead. Two backends within the margin
+of each other therefore leave the baseline in place. A challenger must also
+win at least MIN_RUN consecutive measured sizes: a lone win between sizes the
 baseline keeps is taken for noise, not a crossover. Likewise, fewer than
 MIN_RUN sizes the baseline keeps between two runs of one challenger go to
 that challenger where its median still beats the baseline's by the margin
-(only one bad round widened its interval there): one noisy size does not cut
+(bad rounds kept its win from being clear there): one noisy size does not cut
 a sustained win in two. Where the baseline has no correct result, the
 fastest correct backend serves.
 """
@@ -51,7 +51,7 @@ def size_winner(rows: pd.DataFrame, baseline: str, margin: float) -> str | None:
     if base.empty:
         return str(rows.loc[rows.median_us.idxmin(), "backend"])
     b = base.iloc[0]
-    better = rows[[name != baseline and clearly_faster(row, b, margin) for name, (_, row) in zip(rows.backend, rows.iterrows())]]
+    better = rows[[row.backend != baseline and clearly_faster(row, b, margin) for _, row in rows.iterrows()]]
     return baseline if better.empty else str(better.loc[better.median_us.idxmin(), "backend"])
 
 

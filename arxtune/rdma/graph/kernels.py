@@ -4,9 +4,11 @@ It reads the step number from a device-resident counter (step, programs
 arrived, unused, verdict) that it advances, so a captured graph replays
 correctly any number of times. The
 segment is host memory registered with CUDA; the kernels read and write it
-directly. Ordering: staging stores, then a system-scope fence, then the
-doorbell store with release semantics; flags are read with system-scope
-acquire loads before the payload they guard. Every wait is bounded by
+directly. Ordering: every program fences its staging stores (and program 0
+the step's descriptor) at system scope before it arrives on a device counter;
+the last to arrive stores the doorbell, so the proxy that sees it sees the
+payload. Flags are read with system-scope acquire loads before the payload
+they guard. Every wait is bounded by
 %globaltimer: on timeout it records the error in the segment and the kernel
 skips its work instead of spinning forever.
 """

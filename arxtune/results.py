@@ -30,7 +30,7 @@ from .collectives import DTYPES, OP_SPECS
 from .config import MODES
 from .errors import ArxtuneError, FormatError
 from .fileio import ensure_dir, read_text, write_text_atomic
-from .stats import bandwidths, round_medians, summarize
+from .stats import bandwidths, summarize
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
@@ -302,7 +302,7 @@ def points_frame(records: list[PointRecord]) -> pd.DataFrame:
         if r.status == "ok" and r.samples_us:
             s = summarize(r.samples_us, r.round_iters)
             algbw, busbw = bandwidths(r.nbytes, s.median_us * 1e-6, OP_SPECS[r.op].bus_factor(r.world_size))
-            row.update(rounds=s.rounds, round_medians_us=tuple(round_medians(r.samples_us, r.round_iters)),
+            row.update(rounds=s.rounds, round_medians_us=s.round_medians_us,
                        median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, p99_us=s.p99_us,
                        ci_low_us=s.ci_low_us, ci_high_us=s.ci_high_us, unstable=s.unstable, algbw_gbps=algbw, busbw_gbps=busbw)
         rows.append(row)

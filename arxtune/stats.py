@@ -34,6 +34,7 @@ class Summary:
     ci_low_us: float
     ci_high_us: float
     unstable: bool
+    round_medians_us: tuple[float, ...] = ()  # in the order the rounds ran
 
 
 def median_ci_ranks(n: int, z: float = 1.96) -> tuple[int, int]:
@@ -72,7 +73,7 @@ def summarize(samples_us, round_lengths=()) -> Summary:
         low, high = median_ci_ranks(values.size)
         ci_low, ci_high = float(values[low]), float(values[high])
     unstable = values.size < 5 or (p90 - p10) > UNSTABLE_SPREAD * median or (ci_high - ci_low) > UNSTABLE_CI * median
-    return Summary(int(values.size), len(medians), median, p10, p90, p99, ci_low, ci_high, bool(unstable))
+    return Summary(int(values.size), len(medians), median, p10, p90, p99, ci_low, ci_high, bool(unstable), tuple(medians))
 
 
 def bandwidths(nbytes: int, seconds: float, bus_factor: float) -> tuple[float, float]:

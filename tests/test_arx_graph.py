@@ -35,6 +35,9 @@ def test_control_words_sit_on_separate_cache_lines_and_before_the_buffer():
     assert seg_mod.DESC + 2 * 2 <= seg_mod.SENT  # two slots' descriptors fit before SENT
     assert seg_mod.MESSAGE + seg_mod.MESSAGE_BYTES <= seg_mod.CONTROL_BYTES
     assert (seg_mod.READY + 1) * 8 <= seg_mod.MESSAGE
+    assert seg_mod.DESC * 8 // 64 == (seg_mod.PARTS + 1) * 8 // 64  # the parts count shares the descriptor's line
+    assert seg_mod.MESSAGE + seg_mod.MESSAGE_BYTES <= seg_mod.BELLS * 8
+    assert (seg_mod.BELLS + seg_mod.MAX_PARTS) * 8 <= seg_mod.CONTROL_BYTES
 
 
 def test_segment_maps_the_same_memory_and_refuses_a_different_layout(tmp_path):
@@ -124,6 +127,39 @@ def test_a_dead_peer_becomes_an_error_naming_it_within_the_timeout(proxy_loop):
         assert info.value.peer == 1 and info.value.op == "all_reduce"
         with pytest.raises(RdmaError, match="proxy exited"):  # rank 1 learns that its own proxy died
             sessions[1].check()
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_the_proxy_sends_a_step_only_once_every_part_has_rung(proxy_loop):
+    """A GPU rank stages a step from several programs, each ringing its own bell: rank 0 plays them here."""
+    sessions = open_local(RdmaConfig(max_bytes=4096, timeout_s=5.0), 2)
+    try:
+        own, peer, L = sessions[0].segment, sessions[1].segment, sessions[0].layout
+        payload = torch.arange(256, dtype=torch.int32)
+        own.typed(L.staging(0), 256, torch.int32).copy_(payload)
+        ctrl = own.control
+        ctrl[seg_mod.DESC], ctrl[seg_mod.DESC + 1], ctrl[seg_mod.PARTS] = seg_mod.OP_CODES["all_gather"], 1024, 3
+        flag = L.flag_index(0, 0, 0)  # step 0 from rank 0, at rank 1
+
+        def arrived(within: float) -> bool:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline:
+                if peer.flags[flag] == 1:
+                    return True
+                time.sleep(0.001)
+            return False
+
+        ctrl[seg_mod.DOORBELL] = 1  # part 0
+        assert not arrived(0.3) and ctrl[seg_mod.SENT] == 0
+        ctrl[seg_mod.BELLS + 2] = 1  # part 2; part 1 still staging
+        assert not arrived(0.3) and ctrl[seg_mod.SENT] == 0
+        ctrl[seg_mod.BELLS + 1] = 1
+        assert arrived(5.0)
+        where, offset = sessions[1].source(0, 0, "all_gather", 1024)
+        assert torch.equal(where.typed(offset, 256, torch.int32), payload)
+        sessions[0].check()
     finally:
         for s in sessions:
             s.close()

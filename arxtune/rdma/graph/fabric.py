@@ -1,10 +1,13 @@
 """The shared-memory fabric: the transport for proxies whose peers are on the same host.
 
-Each proxy maps the peers' segments and, for a write, copies the payload into the
-peer's inbox and then stores the sequence word: one thread, payload before flag,
-and x86-64 stores become visible in program order, so a peer that sees the flag
-sees the payload. Addresses are worked out once per (peer, slot, size). It has
-the same hot-path methods as rdma.connection.Transport.
+Nothing is copied: a peer reads a step's payload straight from this rank's
+staging slot (Session.source), which it maps, so the proxy's part of a put is
+the peer's flag word alone. The rank's release store of the doorbell puts its
+staging before the doorbell; the proxy stores the flag after reading the
+doorbell (x86-64 keeps a store after an earlier load; the C loop also says so
+with acquire/release atomics); the peer reads the staging after its acquire of
+the flag. Why the slot may then be reused: see kernels.collective_kernel. It
+has the same hot-path methods as rdma.connection.Transport.
 """
 
 from __future__ import annotations
@@ -22,35 +25,28 @@ class ShmFabric:
     def __init__(self, own: Segment, peers: dict[int, Segment], rank: int, world: int):
         self.own, self.segments, self.rank, self.world = own, peers, rank, world
         self.layout: Layout = own.layout
-        self._puts: dict[tuple, tuple] = {}  # (peer, slot, src, dst, bytes) -> (dst address, src address, bytes, flag)
+        self._flags: dict[tuple[int, int], ctypes.c_int64] = {}  # (peer, slot) -> that peer's flag word for us
 
     def begin(self, step: int, op: str) -> None:
-        pass  # copies complete synchronously: a staging slot is free as soon as put() returns
+        pass
 
     def put(self, step: int, peer: int, src_off: int, dst_off: int, nbytes: int, op: str) -> None:
-        key = (peer, self.layout.slot(step), src_off, dst_off, nbytes)
-        target = self._puts.get(key)
-        if target is None:
-            dst, src, n, flag = self.addresses(*key)
-            target = self._puts[key] = dst, src, n, ctypes.c_int64.from_address(flag)
-        dst, src, n, flag = target
-        ctypes.memmove(dst, src, n)
+        """Tell `peer` that this rank's part of `step` is staged: its flag word, nothing copied."""
+        key = (peer, self.layout.slot(step))
+        flag = self._flags.get(key)
+        if flag is None:
+            flag = self._flags[key] = ctypes.c_int64.from_address(self.flag_address(*key))
         flag.value = seq_of(step)
 
-    def addresses(self, peer: int, slot: int, src_off: int, dst_off: int, nbytes: int) -> tuple[int, int, int, int]:
-        """(destination, source, bytes, the peer's flag word) of a write from slot `slot`, bounds checked."""
-        own, dst = self.own, self.segments[peer]
-        for seg, off in ((own, src_off), (dst, dst_off)):
-            if not 0 <= off <= off + nbytes <= len(seg.data):
-                raise ValueError(f"a put of {nbytes} bytes at {off} falls outside the {len(seg.data)}-byte buffer")
-        flag = dst.data_address + self.layout.flag(slot, self.rank, 0)
-        return dst.data_address + dst_off, own.data_address + src_off, nbytes, flag
+    def flag_address(self, peer: int, slot: int) -> int:
+        """Where `peer` waits for this rank's steps in `slot`."""
+        return self.segments[peer].data_address + self.layout.flag(slot, self.rank, 0)
 
     def wait_sends(self, step: int, op: str) -> None:
         pass
 
     def close(self) -> None:
-        self._puts = {}
+        self._flags = {}
         for seg in self.segments.values():
             seg.close()
         self.segments = {}
@@ -62,7 +58,7 @@ def open_fabric(own: Segment, rank: int, world: int, exchange) -> ShmFabric:
     A rank that cannot take part still joins the exchange with its reason, so every
     rank raises the same error instead of waiting for it."""
     error = None if platform.machine() in ("x86_64", "AMD64") else (
-        f"arxg: the shared-memory fabric relies on x86-64 store order; this is {platform.machine()}: use transport = 'verbs'")
+        f"arxg: the shared-memory fabric relies on x86-64 memory order; this is {platform.machine()}: use transport = 'verbs'")
     infos = exchange({"host": socket.gethostname(), "path": own.path, "error": error})
     hosts = sorted({i.get("host") for i in infos})
     if len(hosts) > 1 and error is None:

@@ -1,7 +1,9 @@
 """The GPU rank: launches the kernels against its segment; capturable, no host sync per call.
 
 The segment is mapped here and registered with CUDA (cudaHostRegister, portable
-and mapped); with unified addressing the GPU reaches it at the same address.
+and mapped); with unified addressing the GPU reaches it at the same address. So
+are the peers' segments over the shared-memory fabric, whose staging the kernels
+read.
 `check()` reads the error word: call it after synchronising (graph replays) to
 turn a timed-out wait into an error naming peer and op; eager calls run it first.
 """
@@ -13,7 +15,7 @@ import torch
 from ..config import RdmaConfig
 from ..errors import RdmaUnavailable
 from .plan import inbox_bytes
-from .segment import OP_CODES
+from .segment import MAX_PARTS, OP_CODES
 from .session import Session, open_local
 
 _HOST_REGISTER_PORTABLE, _HOST_REGISTER_MAPPED = 1, 2
@@ -36,20 +38,46 @@ class GpuRank:
         from . import kernels  # Triton: imported only where a GPU rank runs
 
         self.k, self.s, self.device = kernels, session, device
+        if session.world > kernels.MAX_WORLD:
+            raise RdmaUnavailable(f"arxg: world size {session.world} exceeds the kernels' {kernels.MAX_WORLD} ranks")
         seg = session.segment
+        self._registered: list[int] = []
         with torch.cuda.device(device):
-            rc = torch.cuda.cudart().cudaHostRegister(seg.address, seg.size, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
-            if int(rc) != 0:
-                raise RdmaUnavailable(f"arxg: cudaHostRegister of the shared segment failed (error {int(rc)}); "
-                                      "the GPU cannot reach host memory here")
+            for segment in (seg, *session.peers.values()):
+                rc = torch.cuda.cudart().cudaHostRegister(segment.address, segment.size,
+                                                          _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
+                if int(rc) != 0:
+                    self._unregister()
+                    raise RdmaUnavailable(f"arxg: cudaHostRegister of a shared segment failed (error {int(rc)}); "
+                                          "the GPU cannot reach host memory here")
+                self._registered.append(segment.address)
+            self.sources = self._sources()
             self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # step, arrived, unused, verdict (kernels.py)
-            # a persistent grid: every program resident, so program 0 may spin while the others finish staging
-            self.max_programs = torch.cuda.get_device_properties(device).multi_processor_count
+            # a persistent grid: every program resident, so program 0 may spin while the others finish staging;
+            # each program rings a bell of its own in the segment
+            self.max_programs = min(torch.cuda.get_device_properties(device).multi_processor_count, MAX_PARTS)
         self.data = seg.data_address
         self.ctrl = HostPtr(seg.address, torch.int64)
         self.flags = HostPtr(self.data + session.layout.flags_base, torch.int64)
         self.timeout_ns = int(session.cfg.timeout_s * 1e9)
         self._ptrs: dict[tuple, HostPtr] = {}
+
+    def _sources(self) -> torch.Tensor:
+        """Where each rank's part of a step in each slot starts, and whether it holds every piece
+        (the table collective_kernel reads), in device memory."""
+        s, width = self.s, self.k.MAX_WORLD
+        table = [0] * (3 * width)
+        for src in range(s.world):
+            for slot in range(2):
+                segment, offset = s.source(src, slot, "all_reduce", 0)
+                table[slot * width + src] = segment.data_address + offset
+            table[2 * width + src] = int(s.reads_staging(src))
+        return torch.tensor(table, dtype=torch.int64, device=self.device)
+
+    def _unregister(self) -> None:
+        for address in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(address)
+        self._registered = []
 
     def _ptr(self, offset: int, dtype: torch.dtype) -> HostPtr:
         p = self._ptrs.get((offset, dtype))
@@ -67,11 +95,11 @@ class GpuRank:
         if nbytes > L.slot_bytes:
             raise ValueError(f"arxg: {op} input of {nbytes} bytes exceeds max_bytes = {L.slot_bytes}")
         slot_elems = L.slot_bytes // inp.element_size()
-        staging, inbox = self._ptr(L.staging(0), inp.dtype), self._ptr(L.inbox(0, 0), inp.dtype)
+        staging = self._ptr(L.staging(0), inp.dtype)
         n_part = inbox_bytes(op, nbytes, s.world) // inp.element_size()
         blocks = max(triton_cdiv(n_in, k.BLOCK), triton_cdiv(n_part, k.BLOCK))
         k.collective_kernel[(min(blocks, self.max_programs),)](
-            inp, out, staging, inbox, self.flags, self.ctrl, self.counter, s.rank, n_in, n_part, slot_elems, nbytes,
+            inp, out, staging, self.sources, self.flags, self.ctrl, self.counter, s.rank, n_in, n_part, slot_elems, nbytes,
             s.flag_devices(op, nbytes), OP_CODES[op], self.timeout_ns, OP=OP_CODES[op], WORLD=s.world, NDEV=L.ndev,
             INT_ACC=not inp.dtype.is_floating_point, BLOCK=k.BLOCK, num_warps=k.NUM_WARPS)
 
@@ -93,7 +121,8 @@ class GpuRank:
 
     def close(self) -> None:
         torch.cuda.synchronize(self.device)
-        torch.cuda.cudart().cudaHostUnregister(self.s.segment.address)
+        with torch.cuda.device(self.device):
+            self._unregister()
         self.s.close()
 
 

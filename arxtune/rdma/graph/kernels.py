@@ -2,13 +2,13 @@
 
 It reads the step number from a device-resident counter (step, programs
 arrived, unused, verdict) that it advances, so a captured graph replays
-correctly any number of times. The
-segment is host memory registered with CUDA; the kernels read and write it
-directly. Ordering: every program fences its staging stores (and program 0
-the step's descriptor) at system scope before it arrives on a device counter;
-the last to arrive stores the doorbell, so the proxy that sees it sees the
-payload. Flags are read with system-scope acquire loads before the payload
-they guard. Every wait is bounded by
+correctly any number of times. The segment is host memory registered with
+CUDA; the kernels read and write it directly. Ordering: every program rings
+its own bell with a system-scope release store once its share is staged
+(program 0 rings the doorbell, after the step's descriptor), so the proxy
+that has seen every part's bell sees the whole payload, and no program waits
+on another before the proxy may send. Flags are read with system-scope
+acquire loads before the payload they guard. Every wait is bounded by
 %globaltimer: on timeout it records the error in the segment and the kernel
 skips its work instead of spinning forever.
 """
@@ -21,13 +21,17 @@ import triton.language as tl
 from . import segment as _seg
 
 BLOCK = 1024  # elements per program
+MAX_WORLD = 16  # ranks the sources table has room for
 #: One warp per program: Triton runs scalar code on every warp, so each extra warp of the polling
 #: program adds a read of host memory to every poll (4 warps doubled a handshake on the H200).
 NUM_WARPS = 1
 
 # control-word indices and error codes, as compile-time constants for the kernels
 DESC = tl.constexpr(_seg.DESC)
+_MAX_WORLD = tl.constexpr(MAX_WORLD)
 DOORBELL = tl.constexpr(_seg.DOORBELL)
+PARTS = tl.constexpr(_seg.PARTS)
+BELLS = tl.constexpr(_seg.BELLS)
 SENT = tl.constexpr(_seg.SENT)
 ERROR = tl.constexpr(_seg.ERROR)
 ERROR_PEER = tl.constexpr(_seg.ERROR_PEER)
@@ -113,27 +117,24 @@ def _store_gpu(ptr, value):
 
 
 @triton.jit
-def _fence_sys():
-    tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _now_ns():
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
-def describe(ctrl, slot, op_code, nbytes):
-    """Describe the step staged in `slot` (op, bytes) for the proxy; a fence or release store must follow."""
+def describe(ctrl, slot, op_code, nbytes, parts):
+    """Describe the step staged in `slot` (op, bytes, parts that stage it) for the proxy;
+    the doorbell's release store must follow."""
     _store_sys_relaxed(ctrl + DESC + 2 * slot, op_code)
     _store_sys_relaxed(ctrl + DESC + 2 * slot + 1, nbytes)
+    _store_sys_relaxed(ctrl + PARTS + slot, parts)
 
 
 @triton.jit
 def ring(ctrl, slot, op_code, nbytes, seq):
-    """Describe the step, then ring the doorbell with its sequence number:
+    """Describe a step staged by one part, then ring the doorbell with its sequence number:
     the release store puts the descriptor before the doorbell for the proxy."""
-    describe(ctrl, slot, op_code, nbytes)
+    describe(ctrl, slot, op_code, nbytes, 1)
     _store_sys(ctrl + DOORBELL, seq)
 
 
@@ -178,7 +179,7 @@ def _gate_wait(gate, seq, deadline):
 # Not specialised on the rank: ranks sharing a process (tests, benchmarks) must share one compiled
 # kernel, since loading a second one waits for the GPU to idle while the first spins for its peer.
 @triton.jit(do_not_specialize=["rank"])
-def collective_kernel(inp, out, staging, inbox, flags, ctrl, counter, rank, n_stage, n_part, slot_elems, nbytes,
+def collective_kernel(inp, out, staging, sources, flags, ctrl, counter, rank, n_stage, n_part, slot_elems, nbytes,
                       ndev_used, op_code, timeout_ns, OP: tl.constexpr, WORLD: tl.constexpr, NDEV: tl.constexpr,
                       INT_ACC: tl.constexpr, BLOCK: tl.constexpr):
     """One collective in one kernel: stage, ring, wait for the peers' flags, finish.
@@ -190,8 +191,14 @@ def collective_kernel(inp, out, staging, inbox, flags, ctrl, counter, rank, n_st
     A failed step fails every later one (device-side verdicts), so a broken session
     never reads a half-written inbox as data.
 
+    The same argument keeps a slot until every peer has read it where peers read this rank's
+    staging itself (the shared-memory fabric): they read step - 2 before they staged step - 1.
+
     OP 0 all_reduce: out[i] = sum_src part_src[i]; OP 1 all_gather: out[src*n + i] = part_src[i];
-    OP 2 reduce_scatter: like 0, this rank's part is inp[rank*n:]. Parts of peers come from the inbox."""
+    OP 2 reduce_scatter: like 0, this rank's part is inp[rank*n:]. A peer's part of the step in
+    slot s starts at address sources[s*MAX_WORLD + src], plus this rank's piece where
+    sources[2*MAX_WORLD + src] is 1 (a peer's staging holds every piece; an inbox region only ours).
+    The table is read at the start, off the path from the flag to the data."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     step = tl.load(counter)
@@ -199,6 +206,10 @@ def collective_kernel(inp, out, staging, inbox, flags, ctrl, counter, rank, n_st
     slot = step % 2
     deadline = _now_ns() + timeout_ns
     healthy = (step == 0) | (tl.load(counter + 3) != -step)  # the previous step's verdict (-step: it failed)
+    piece = rank * n_part if OP == 2 else 0  # this rank's piece of a reduce-scatter input
+    ranks = tl.arange(0, _MAX_WORLD)
+    where = tl.load(sources + slot * _MAX_WORLD + ranks)
+    scaled = tl.load(sources + 2 * _MAX_WORLD + ranks) * piece
     offs0 = tl.arange(0, BLOCK)
     if healthy:
         for b in range(pid, tl.cdiv(n_stage, BLOCK), nprog):
@@ -206,17 +217,18 @@ def collective_kernel(inp, out, staging, inbox, flags, ctrl, counter, rank, n_st
             mask = offs < n_stage
             tl.store(staging + slot * slot_elems + offs, tl.load(inp + offs, mask=mask), mask=mask)
     if pid == 0:
-        describe(ctrl, slot, op_code, nbytes)
-    _fence_sys()  # this program's staging stores and descriptor reach host memory before it arrives
-    tl.debug_barrier()
-    arrived = (nprog - 1).to(tl.int64)
-    if nprog > 1:
-        arrived = tl.atomic_add(counter + 1, 1, sem="acq_rel")
-    if arrived == nprog - 1:  # the last program to arrive rings: every program's stores are fenced by now
-        if nprog > 1:
+        describe(ctrl, slot, op_code, nbytes, nprog.to(tl.int64))
+    tl.debug_barrier()  # every thread's staging stores precede thread 0's release store of the bell
+    if pid == 0:
+        _store_sys(ctrl + DOORBELL, seq)
+    else:
+        _store_sys(ctrl + BELLS + pid, seq)
+    if nprog > 1:  # the last program to arrive advances the step: every program has read it by then
+        if tl.atomic_add(counter + 1, 1, sem="acq_rel") == nprog - 1:
             tl.store(counter + 1, 0)
+            tl.store(counter, seq)
+    else:
         tl.store(counter, seq)
-        _store_sys_relaxed(ctrl + DOORBELL, seq)
     if pid == 0:
         ok = healthy
         for src in tl.static_range(WORLD):
@@ -236,14 +248,13 @@ def collective_kernel(inp, out, staging, inbox, flags, ctrl, counter, rank, n_st
                 acc = tl.zeros([BLOCK], dtype=tl.int32)
             else:
                 acc = tl.zeros([BLOCK], dtype=tl.float32)
+            # no branch on the rank: every source's loads are in flight at once (host reads cost a round trip)
+            own = tl.load(inp + piece + offs, mask=mask)
             for src in tl.static_range(WORLD):
-                if src == rank:
-                    if OP == 2:
-                        x = tl.load(inp + rank * n_part + offs, mask=mask)
-                    else:
-                        x = tl.load(inp + offs, mask=mask)
-                else:
-                    x = tl.load(inbox + (slot * WORLD + src) * slot_elems + offs, mask=mask)
+                start = tl.sum(tl.where(ranks == src, where, 0), axis=0)
+                part = start.to(tl.pointer_type(inp.dtype.element_ty)) + tl.sum(tl.where(ranks == src, scaled, 0), axis=0)
+                peer = tl.load(part + offs, mask=mask & (src != rank))
+                x = tl.where(src == rank, own, peer)
                 if OP == 1:
                     tl.store(out + src * n_part + offs, x, mask=mask)
                 else:

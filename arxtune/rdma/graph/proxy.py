@@ -29,7 +29,7 @@ from ..errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from ..protocol import Layout
 from . import native
 from .plan import plan
-from .segment import DESC, DOORBELL, ERR_PROXY_FAILED, OP_NAMES, READY, SENT, Segment
+from .segment import BELLS, DESC, DOORBELL, ERR_PROXY_FAILED, MAX_PARTS, OP_NAMES, PARTS, READY, SENT, Segment
 
 _IDLE_SPINS = 20_000  # then yield the CPU at every poll (more spinners than cores must not starve)
 _PARENT_CHECK_S = 0.5
@@ -73,30 +73,31 @@ def _open_transport(args: ProxyArgs, seg: Segment, exchange):
 
 
 def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
-    """Answer doorbells until the parent dies. Every staged step is sent, in order.
+    """Answer doorbells until the parent dies. Every staged step is sent, in order, once all its parts have rung.
 
     The hot path is a few dict lookups and the transport's puts: each (op, bytes, slot)
     is planned once, with the offsets of that slot already added."""
     ctrl, L = seg.control, seg.layout
     doorbell, sent = _word(seg, DOORBELL), _word(seg, SENT)
+    bells = [_word(seg, BELLS + p) for p in range(MAX_PARTS)]
     steps: dict[tuple[int, int, int], tuple] = {}  # (op code, bytes, slot) -> (op name, puts)
-    done, idle, last_check = sent.value, 0, time.monotonic()
+    idle = _Idle(parent)
+    done = sent.value
     while True:
         rung = doorbell.value
         if rung == done:
-            idle += 1
-            if idle > _IDLE_SPINS:
-                os.sched_yield()
-                now = time.monotonic()
-                if now - last_check > _PARENT_CHECK_S:
-                    last_check = now
-                    if os.getppid() != parent:
-                        return
+            if idle():
+                return
             continue
-        idle = 0
+        idle.reset()
         for seq in range(done + 1, rung + 1):
             step = seq - 1
             slot = L.slot(step)
+            for bell in bells[1 : min(int(ctrl[PARTS + slot]), MAX_PARTS)]:
+                while bell.value < seq:
+                    if idle():
+                        return
+                idle.reset()
             key = (int(ctrl[DESC + 2 * slot]), int(ctrl[DESC + 2 * slot + 1]), slot)
             entry = steps.get(key)
             if entry is None:
@@ -108,6 +109,27 @@ def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
             transport.wait_sends(step, op)
             sent.value = seq
         done = rung
+
+
+class _Idle:
+    """Called on every idle poll: spins, then yields the CPU, and says True once the parent has died."""
+
+    def __init__(self, parent: int):
+        self.parent, self.polls, self.last_check = parent, 0, time.monotonic()
+
+    def reset(self) -> None:
+        self.polls = 0
+
+    def __call__(self) -> bool:
+        self.polls += 1
+        if self.polls <= _IDLE_SPINS:
+            return False
+        os.sched_yield()
+        now = time.monotonic()
+        if now - self.last_check > _PARENT_CHECK_S:
+            self.last_check = now
+            return os.getppid() != self.parent
+        return False
 
 
 def _word(seg: Segment, index: int) -> ctypes.c_int64:

@@ -4,8 +4,12 @@ The file lives in /dev/shm and is mapped by the rank (GPU or CPU side) and by
 its proxy; with the shared-memory fabric, the peers' proxies map it too and
 write into its inbox. Control words (int64, each group on its own cache line):
 
-- DOORBELL: the sequence number of the last step the rank has staged.
+- DOORBELL: the sequence number of the last step the rank has begun to stage
+  (part 0's bell).
 - DESC + 2*slot: (op code, bytes) of the step staged in that slot.
+- PARTS + slot: how many parts (GPU programs) staged that step; part p >= 1
+  rings its own bell, BELLS + p, once its share is staged, so no part waits
+  for another before the proxy may send (0 or 1: the doorbell alone).
 - SENT: the sequence number of the last step whose writes completed: its staging
   slot may be reused.
 - ERROR, ERROR_PEER, ERROR_SEQ: the first failure (a code below), with whom, at
@@ -24,8 +28,9 @@ import torch
 from ..protocol import Layout
 
 CONTROL_BYTES = 4096
-DOORBELL, DESC, SENT, ERROR, ERROR_PEER, ERROR_SEQ, READY = 0, 8, 16, 24, 25, 26, 32
-MESSAGE, MESSAGE_BYTES = 1024, 1024
+DOORBELL, DESC, PARTS, SENT, ERROR, ERROR_PEER, ERROR_SEQ, READY = 0, 8, 12, 16, 24, 25, 26, 32
+MESSAGE, MESSAGE_BYTES = 1024, 1024  # bytes
+BELLS, MAX_PARTS = 256, 256  # words: the parts' bells fill the control block's second half
 
 #: op codes in the descriptor and the kernels
 OP_CODES = {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 2, "handshake": 3}

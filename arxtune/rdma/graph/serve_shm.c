@@ -1,23 +1,23 @@
-/* The shared-memory proxy's hot loop in C: poll the doorbell, copy each staged
- * step into the peers' inboxes, store their flags, advance SENT.
+/* The shared-memory proxy's hot loop in C: poll the doorbell, wait for the
+ * step's other parts, store the step's flag at each peer (the peers read the
+ * payload from this rank's staging slot), advance SENT.
  *
  * Python (native.py) owns everything else: it plans each (op, bytes, slot) once
- * and hands the copies over in `steps`; the loop returns when a step has no
- * entry yet (ARXG_MISS, the key in miss[]) or when it has idled for idle_ns
- * (ARXG_IDLE: the caller checks that its parent lives). x86-64 keeps stores in
- * program order, so a peer that sees a flag sees the payload before it; the
- * release stores also keep the compiler from reordering them. */
+ * and hands the flag addresses over in `steps`; the loop returns when a step has
+ * no entry yet (ARXG_MISS, the key in miss[]) or when it has waited idle_ns for
+ * a doorbell or a part (ARXG_IDLE: the caller checks that its parent lives and
+ * calls again; SENT says where to resume). Acquire loads of the bells and
+ * release stores of the flags carry the rank's staging to the peers. */
 #include <sched.h>
 #include <stdint.h>
-#include <string.h>
 #include <time.h>
 
-#define ARXG_MAX_PUTS 16
+#define ARXG_MAX_FLAGS 16
+#define ARXG_MAX_PARTS 256
 #define ARXG_IDLE 0
 #define ARXG_MISS 1
 
-typedef struct { int64_t dst, src, nbytes, flag; } arxg_put;
-typedef struct { int64_t op, nbytes, slot, nputs; arxg_put puts[ARXG_MAX_PUTS]; } arxg_step;
+typedef struct { int64_t op, nbytes, slot, nflags; int64_t flags[ARXG_MAX_FLAGS]; } arxg_step;
 
 static int64_t now_ns(void) {
     struct timespec t;
@@ -31,40 +31,44 @@ static const arxg_step *find(const arxg_step *steps, int64_t n, int64_t op, int6
     return 0;
 }
 
-int64_t arxg_serve_shm(int64_t *ctrl, int64_t doorbell, int64_t desc, int64_t sent, int64_t slots,
-                       const arxg_step *steps, int64_t nsteps, int64_t spins_before_yield, int64_t idle_ns,
-                       int64_t *miss) {
-    int64_t done = __atomic_load_n(&ctrl[sent], __ATOMIC_ACQUIRE), idle = 0, idle_since = 0;
-    for (;;) {
-        int64_t rung = __atomic_load_n(&ctrl[doorbell], __ATOMIC_ACQUIRE);
-        if (rung == done) {
-            if (++idle > spins_before_yield) {
-                sched_yield();
-                if ((idle & 255) == 0) {
-                    int64_t t = now_ns();
-                    if (!idle_since) idle_since = t;
-                    else if (t - idle_since > idle_ns) return ARXG_IDLE;
-                }
-            }
-            continue;
+/* Spin until *word >= want; 0 once it has waited idle_ns (yielding the CPU after `spins` polls). */
+static int wait_at_least(const int64_t *word, int64_t want, int64_t spins, int64_t idle_ns) {
+    int64_t n = 0, since = 0;
+    while (__atomic_load_n(word, __ATOMIC_ACQUIRE) < want) {
+        if (++n <= spins) continue;
+        sched_yield();
+        if ((n & 255) == 0) {
+            int64_t t = now_ns();
+            if (!since) since = t;
+            else if (t - since > idle_ns) return 0;
         }
-        idle = idle_since = 0;
+    }
+    return 1;
+}
+
+int64_t arxg_serve_shm(int64_t *ctrl, int64_t doorbell, int64_t desc, int64_t parts_at, int64_t bells, int64_t sent,
+                       int64_t slots, const arxg_step *steps, int64_t nsteps, int64_t spins_before_yield,
+                       int64_t idle_ns, int64_t *miss) {
+    int64_t done = __atomic_load_n(&ctrl[sent], __ATOMIC_ACQUIRE);
+    for (;;) {
+        if (!wait_at_least(&ctrl[doorbell], done + 1, spins_before_yield, idle_ns)) return ARXG_IDLE;
+        int64_t rung = __atomic_load_n(&ctrl[doorbell], __ATOMIC_ACQUIRE);
         for (int64_t seq = done + 1; seq <= rung; seq++) {
             int64_t slot = (seq - 1) % slots;
             int64_t op = __atomic_load_n(&ctrl[desc + 2 * slot], __ATOMIC_RELAXED);
             int64_t nbytes = __atomic_load_n(&ctrl[desc + 2 * slot + 1], __ATOMIC_RELAXED);
+            int64_t parts = __atomic_load_n(&ctrl[parts_at + slot], __ATOMIC_RELAXED);
+            if (parts > ARXG_MAX_PARTS) parts = ARXG_MAX_PARTS;
+            for (int64_t p = 1; p < parts; p++)
+                if (!wait_at_least(&ctrl[bells + p], seq, spins_before_yield, idle_ns)) return ARXG_IDLE;
             const arxg_step *s = find(steps, nsteps, op, nbytes, slot);
             if (!s) {
                 miss[0] = op, miss[1] = nbytes, miss[2] = slot;
                 return ARXG_MISS;
             }
-            for (int64_t i = 0; i < s->nputs; i++) {
-                const arxg_put *p = &s->puts[i];
-                memcpy((void *)p->dst, (const void *)p->src, (size_t)p->nbytes);
-                __atomic_store_n((int64_t *)p->flag, seq, __ATOMIC_RELEASE);
-            }
+            for (int64_t i = 0; i < s->nflags; i++) __atomic_store_n((int64_t *)s->flags[i], seq, __ATOMIC_RELEASE);
             __atomic_store_n(&ctrl[sent], seq, __ATOMIC_RELEASE);
+            done = seq;
         }
-        done = rung;
     }
 }

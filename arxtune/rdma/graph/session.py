@@ -3,7 +3,11 @@
 Shared by the GPU rank (gpu.py) and the CPU stand-in (standin.py): both open a
 Session, then run the same protocol against it. `check()` turns the segment's
 error word, or a proxy that died, into the same errors as the eager arx path,
-naming peer and op.
+naming peer and op. `source()` says where a peer's part of a step is read:
+over verbs the peer's proxy wrote it into this rank's inbox; over shared memory
+it stays in the peer's staging slot, which this rank maps (as NCCL's SHM
+transport has the receiving GPU read the sender's buffer), and the peer's proxy
+only stores the flag.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import os
 import secrets
 import time
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..config import RdmaConfig
 from ..errors import RdmaError, RdmaTimeout, RdmaUnavailable
@@ -35,10 +39,26 @@ class Session:
     transport: str
     segment: Segment
     proxy: ProxyHandle
+    #: shm: every peer's segment, mapped here, where its staged steps are read (verbs: none)
+    peers: dict[int, Segment] = field(default_factory=dict)
 
     @property
     def layout(self) -> Layout:
         return self.segment.layout
+
+    def reads_staging(self, src: int) -> bool:
+        """Whether rank `src`'s steps are read from its own staging (which holds every piece of a reduce-scatter)."""
+        return src in self.peers
+
+    def source(self, src: int, step: int, op: str, nbytes: int) -> tuple[Segment, int]:
+        """(segment, byte offset in its protocol buffer) of rank `src`'s part of `step` for this rank.
+
+        `nbytes` as on the wire (the op's input bytes). A reduce-scatter reads its own piece."""
+        L = self.layout
+        if not self.reads_staging(src):
+            return self.segment, L.inbox(step, src)
+        piece = self.rank * inbox_bytes(op, nbytes, self.world) if op == "reduce_scatter" else 0
+        return self.peers[src], L.staging(step) + piece
 
     def flag_devices(self, op: str, nbytes: int) -> int:
         """How many per-device flags a receiver waits for (the transport stripes large writes)."""
@@ -72,6 +92,9 @@ class Session:
         while ctrl[SENT] < ctrl[DOORBELL] and self.proxy.alive() and time.monotonic() < deadline:
             time.sleep(0.0005)
         self.proxy.close()
+        for peer in self.peers.values():
+            peer.close()
+        self.peers = {}
         self.segment.close()
 
 
@@ -100,7 +123,14 @@ def open_session(cfg: RdmaConfig, rank: int, world: int, exchange, transport: st
     except BaseException:
         segment.close()
         raise
-    return Session(cfg, rank, world, transport, segment, proxy)
+    session = Session(cfg, rank, world, transport, segment, proxy)
+    if transport == "shm":  # every segment exists once every proxy is ready (their set-up is one exchange)
+        try:
+            session.peers = {r: Segment(segment_path(infos[0]["token"], r), layout) for r in range(world) if r != rank}
+        except BaseException:
+            session.close()
+            raise
+    return session
 
 
 def local_exchanges(world: int) -> list:

@@ -15,7 +15,7 @@ import torch
 
 from ..protocol import seq_of
 from .plan import inbox_bytes
-from .segment import DESC, DOORBELL, ERR_PEER_TIMEOUT, ERR_PROXY_TIMEOUT, OP_CODES, SENT
+from .segment import DESC, DOORBELL, ERR_PEER_TIMEOUT, ERR_PROXY_TIMEOUT, OP_CODES, PARTS, SENT
 from .session import Session
 
 _SPINS_BEFORE_YIELD = 2000
@@ -24,6 +24,11 @@ _SPINS_BEFORE_YIELD = 2000
 def accumulator(dtype: torch.dtype) -> torch.dtype:
     """The dtype sums are taken in, on the GPU and here alike."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _typed(where: tuple, count: int, dtype: torch.dtype) -> torch.Tensor:
+    segment, offset = where
+    return segment.typed(offset, count, dtype)
 
 
 class CpuRank:
@@ -45,6 +50,11 @@ class CpuRank:
                         self.s.segment.set_error(code, peer, seq)
                         self.s.check()
 
+    def _describe(self, op_code: int, nbytes: int) -> None:
+        """The step's descriptor; the stand-in stages as one part, so the doorbell is its only bell."""
+        ctrl, slot = self.s.segment.control, self.s.layout.slot(self.step)
+        ctrl[DESC + 2 * slot], ctrl[DESC + 2 * slot + 1], ctrl[PARTS + slot] = op_code, nbytes, 1
+
     def run(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> None:
         """One collective (shapes as in backends.base), CPU tensors."""
         s, seg, L = self.s, self.s.segment, self.s.layout
@@ -53,8 +63,7 @@ class CpuRank:
         s.check()
         self._wait(seg.control, SENT, seq - 2, ERR_PROXY_TIMEOUT, -1, seq - 2)  # staging slot free
         seg.typed(L.staging(k), inp.numel(), inp.dtype).copy_(inp.reshape(-1))
-        seg.control[DESC + 2 * L.slot(k)] = OP_CODES[op]
-        seg.control[DESC + 2 * L.slot(k) + 1] = nbytes
+        self._describe(OP_CODES[op], nbytes)
         seg.control[DOORBELL] = seq
         self.step += 1
         ndev = s.flag_devices(op, nbytes)
@@ -65,7 +74,7 @@ class CpuRank:
         n = inbox_bytes(op, nbytes, s.world) // inp.element_size()
         flat_in = inp.reshape(-1)
         own = flat_in[s.rank * n:(s.rank + 1) * n] if op == "reduce_scatter" else flat_in
-        parts = [own if src == s.rank else seg.typed(L.inbox(k, src), n, inp.dtype) for src in range(s.world)]
+        parts = [own if src == s.rank else _typed(s.source(src, k, op, nbytes), n, inp.dtype) for src in range(s.world)]
         flat = out.reshape(-1)
         if op == "all_gather":
             for src, part in enumerate(parts):
@@ -87,10 +96,8 @@ class CpuRank:
 
     def handshake(self) -> None:
         """Ring and wait for the proxy's answer, nothing else (the floor of a step)."""
-        seg, L = self.s.segment, self.s.layout
-        k, seq = self.step, seq_of(self.step)
-        seg.control[DESC + 2 * L.slot(k)] = OP_CODES["handshake"]
-        seg.control[DESC + 2 * L.slot(k) + 1] = 0
+        seg, seq = self.s.segment, seq_of(self.step)
+        self._describe(OP_CODES["handshake"], 0)
         seg.control[DOORBELL] = seq
         self.step += 1
         self._wait(seg.control, SENT, seq, ERR_PROXY_TIMEOUT, -1, seq)

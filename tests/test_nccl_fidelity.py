@@ -33,3 +33,13 @@ def test_the_out_of_place_column_and_the_library_version_are_read():
 def test_output_without_a_table_is_an_error_that_shows_it():
     with pytest.raises(SystemExit, match="no nccl-tests results"):
         fidelity.parse_out_of_place_us("# nccl-tests version 2.19.6\nsomething went wrong\n")
+
+
+def test_rounds_are_compared_side_by_side_and_their_spread_is_reported():
+    rounds = [{"arxtune": {("eager", 8): 10.0}, "eager": {8: 10.0}},  # a fast process on both sides
+              {"arxtune": {("eager", 8): 14.0}, "eager": {8: 12.0}},
+              {"arxtune": {("eager", 8): 13.0}, "eager": {8: 13.0}}]
+    ratio, ours, theirs = fidelity.paired(rounds, "eager", 8)
+    assert ratio == 1.0  # the median of 1.0, 1.167, 1.0: not 13 / 12
+    assert ours == 1.4 and theirs == 1.3
+    assert all(x != x for x in fidelity.paired(rounds, "graph", 8))  # nothing measured: nan

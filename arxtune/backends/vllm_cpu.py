@@ -2,11 +2,14 @@
 
 It builds vLLM's CpuCommunicator on the run's gloo group, named like a
 tensor-parallel group ("tp:..."), which is what vLLM serves TP calls with on
-CPU: its shared-memory kernels where the vLLM build has them (a CPU build of
-vLLM), else torch.distributed on the gloo group. As a vLLM CPU worker does, it
-loads the platform's kernels first and gives every rank one VLLM_DIST_IDENT
-(rank 0's, unless the user set one), or vLLM silently takes the gloo path.
-`path` says which one it got; the run's backend status records it.
+CPU: its shared-memory kernels where the vLLM build has them for this CPU
+(vLLM's CPU build ships them in its AVX-512 kernels only; on an AVX2 machine
+vLLM itself serves TP through torch.distributed), else torch.distributed on the
+gloo group. As a vLLM CPU worker does, it loads the platform's kernels first
+and gives every rank one VLLM_DIST_IDENT (rank 0's, unless the user set one),
+or vLLM silently takes the gloo path. `path` says which one it got, and
+`shm_kernels` whether this CPU's kernels had the shared-memory ops; the run's
+backend status records both.
 
 Calls mirror what vLLM's GroupCoordinator does for a dim-0 op, made out of
 place as the Backend protocol asks: all_reduce copies the input into `out`
@@ -46,6 +49,7 @@ class VllmCpuBackend:
         from vllm.platforms import current_platform
 
         current_platform.import_kernels()
+        self.shm_kernels = hasattr(torch.ops._C, "init_shm_manager")
         own = os.environ.get("VLLM_DIST_IDENT") or f"arxtune-{os.getpid()}-{time.time_ns()}"
         os.environ["VLLM_DIST_IDENT"] = gather_objects(own, ctx.cpu_group)[0]
         try:
@@ -56,7 +60,7 @@ class VllmCpuBackend:
         self.path = "torch.distributed" if self.comm.dist_module is dist else "shm"
 
     def effective_options(self) -> dict:
-        return {"path": self.path}
+        return {"path": self.path, "shm_kernels": self.shm_kernels}
 
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
         return True

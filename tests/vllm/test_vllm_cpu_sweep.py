@@ -15,6 +15,15 @@ def arxtune(*args: str, cwd, timeout: float = 420) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=timeout)
 
 
+def vllm_has_shm_kernels() -> bool:
+    """Asked of vLLM in a process of its own, as its CPU workers load their kernels."""
+    probe = ("import torch; from vllm.platforms import current_platform; current_platform.import_kernels(); "
+             "print(hasattr(torch.ops._C, 'init_shm_manager'))")
+    out = subprocess.run([sys.executable, "-c", probe], env=vllm_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1] == "True"
+
+
 def test_sweep_with_vllm_cpu_then_calibrate_against_it(tmp_path):
     sweep = arxtune("sweep", "--backends", "gloo,vllm_cpu", "--ops", "all_reduce,all_gather,reduce_scatter", "--modes", "eager",
                     "--dtypes", "float32", "--min-bytes", "1KiB", "--max-bytes", "64KiB", "--step-factor", "8",
@@ -23,8 +32,11 @@ def test_sweep_with_vllm_cpu_then_calibrate_against_it(tmp_path):
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
     run = load_run(tmp_path / "vllm-cpu")
     assert run.meta.backends["vllm_cpu"]["available"], run.meta.backends
-    # vLLM's CPU build has shared-memory kernels: the sweep must time them, not vLLM's gloo fallback.
-    assert run.meta.backends["vllm_cpu"]["options"] == {"path": "shm"}, run.meta.backends["vllm_cpu"]
+    # Where vLLM's kernels for this CPU have the shared-memory ops, the sweep must time them, not vLLM's
+    # torch.distributed fallback; vLLM's AVX2 kernels lack them, and vLLM serves TP through gloo there too.
+    shm = vllm_has_shm_kernels()
+    assert run.meta.backends["vllm_cpu"]["options"] == {"path": "shm" if shm else "torch.distributed", "shm_kernels": shm}, \
+        run.meta.backends["vllm_cpu"]
     points = [r for r in run.records if r.backend == "vllm_cpu"]
     assert len(points) == 3 * 3  # ops x sizes 1KiB, 8KiB, 64KiB
     assert {r.status for r in points} == {"ok"}, [(r.op, r.size, r.status, r.error) for r in points if r.status != "ok"]

@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from arx_graph import time_eager  # noqa: E402
 
 SIZES = (8 << 10, 128 << 10, 1 << 20, 64 << 20)
 SPAN = 64 << 20  # bytes the rotating buffers may span, as a sweep up to 64 MiB
@@ -33,16 +35,7 @@ EAGER_CALLS, GRAPH_CALLS, GRAPH_REPLAYS, HOST_REPLAYS = 20, 200, 20, 10
 
 def events_per_op(rot, calls: int) -> float:
     """arxtune's eager view: `calls` launches from the C loop between two events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for i in range(WARMUP + SAMPLES):
-        start.record()
-        rot.repeat(calls)
-        end.record()
-        end.synchronize()
-        if i >= WARMUP:
-            out.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(out)
+    return statistics.median(time_eager(lambda: rot.repeat(calls), WARMUP, SAMPLES)) / calls
 
 
 def host_per_op(rot, calls: int, stream: torch.cuda.Stream) -> float:
@@ -70,20 +63,12 @@ def graph_per_op(backend, ins, outs) -> tuple[float, float]:
             for _ in range(GRAPH_CALLS):
                 rot()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    one = []
-    for i in range(WARMUP + GRAPH_REPLAYS):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        if i >= WARMUP:
-            one.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
+    one = statistics.median(time_eager(g.replay, WARMUP, GRAPH_REPLAYS)) / GRAPH_CALLS
     t = time.perf_counter()
     for _ in range(HOST_REPLAYS):
         g.replay()
     torch.cuda.synchronize()
-    return statistics.median(one), (time.perf_counter() - t) * 1e6 / (HOST_REPLAYS * GRAPH_CALLS)
+    return one, (time.perf_counter() - t) * 1e6 / (HOST_REPLAYS * GRAPH_CALLS)
 
 
 def main() -> int:

@@ -31,6 +31,12 @@ CPU_EAGER_SAMPLE_BYTES = 1 << 20
 #: Calls per captured graph. A replay's own launch measured about 6 us on an H200
 #: (benchmarks/timing_views.py), so 200 calls keep it near 3% of a 1 us op.
 GRAPH_OPS_PER_SAMPLE = 200
+#: Graphs a process captures and replays before the first one it times. On an H100
+#: (driver 580) the first two to four graphs of a process ran small device copies about
+#: 15% faster per call than every later graph (benchmarks/graph_order.py); a serving process
+#: captures dozens, so the later state is the one to measure.
+SETTLE_GRAPHS = 4
+_graphs_made = 0
 
 
 class Timer(Protocol):
@@ -123,17 +129,27 @@ class CudaGraphTimer(_CudaEvents):
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def prepare(self, op: Op) -> None:
+        global _graphs_made
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             op()  # warm up on a side stream, as capture requires
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        while _graphs_made < SETTLE_GRAPHS:  # past the process's first graphs (SETTLE_GRAPHS)
+            self._capture(op).replay()
+            torch.cuda.synchronize()
+        self.graph = self._capture(op)
+
+    def _capture(self, op: Op) -> torch.cuda.CUDAGraph:
+        global _graphs_made
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             for _ in range(self.ops_per_sample):
                 op()
         torch.cuda.synchronize()
+        _graphs_made += 1
+        return graph
 
     def time_once(self, op: Op) -> float:
         assert self.graph is not None, "prepare() captures the graph first"

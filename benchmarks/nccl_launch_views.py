@@ -51,8 +51,8 @@ def host_per_op(rot, calls: int, stream: torch.cuda.Stream) -> float:
     return statistics.median(out)
 
 
-def graph_per_op(backend, ins, outs) -> tuple[float, float]:
-    """(one replay between events, 10 replays back to back by the host clock), per op."""
+def capture_all_reduces(backend, ins, outs, calls: int = GRAPH_CALLS) -> torch.cuda.CUDAGraph:
+    """A graph of `calls` all_reduces rotating through the buffer pairs, captured on a side stream."""
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         rot = backend.bind_rotation("all_reduce", ins, outs)
@@ -60,9 +60,15 @@ def graph_per_op(backend, ins, outs) -> tuple[float, float]:
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=side):
-            for _ in range(GRAPH_CALLS):
+            for _ in range(calls):
                 rot()
     torch.cuda.synchronize()
+    return g
+
+
+def graph_per_op(backend, ins, outs) -> tuple[float, float]:
+    """(one replay between events, 10 replays back to back by the host clock), per op."""
+    g = capture_all_reduces(backend, ins, outs)
     one = statistics.median(time_eager(g.replay, WARMUP, GRAPH_REPLAYS)) / GRAPH_CALLS
     t = time.perf_counter()
     for _ in range(HOST_REPLAYS):
@@ -71,19 +77,24 @@ def graph_per_op(backend, ins, outs) -> tuple[float, float]:
     return one, (time.perf_counter() - t) * 1e6 / (HOST_REPLAYS * GRAPH_CALLS)
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("nccl_launch_views: needs a CUDA GPU", file=sys.stderr)
-        return 2
+def one_gpu_nccl(port: int):
+    """(arxtune's `nccl` backend at world size 1 on GPU 0, the device): what these benchmarks call."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29611")
+    os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
     from arxtune.backends.base import GroupContext
     from arxtune.backends.nccl import NcclBackend
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    backend = NcclBackend(GroupContext(0, 1, 0, dev, dist.group.WORLD))
+    return NcclBackend(GroupContext(0, 1, 0, dev, dist.group.WORLD)), dev
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("nccl_launch_views: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    backend, dev = one_gpu_nccl(29611)
     for nbytes in SIZES:
         n = nbytes // 2
         pairs = max(1, min(EAGER_CALLS, SPAN // nbytes))

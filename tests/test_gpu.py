@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from arxtune import timing
 from arxtune.results import load_run
 from arxtune.timing import CudaBackToBackTimer, CudaGraphTimer, CudaIsolatedTimer
 
@@ -55,6 +56,16 @@ def test_back_to_back_and_graphs_hide_the_launch_cost_of_tiny_ops():
         timer.prepare(op)
         medians[timer.mode] = sorted(timer.time_once(op) for _ in range(51))[25]
     assert medians["graph"] < medians["eager"] < medians["isolated"], medians
+
+
+def test_a_process_replays_its_first_graphs_before_it_times_one(monkeypatch):
+    monkeypatch.setattr(timing, "_graphs_made", 0)
+    x = torch.zeros(16, device="cuda")
+    op = lambda: x.add_(1)  # noqa: E731
+    CudaGraphTimer(ops_per_sample=3).prepare(op)  # a warm-up call, then SETTLE_GRAPHS graphs of 3 calls replayed once
+    assert x[0].item() == 1 + timing.SETTLE_GRAPHS * 3
+    CudaGraphTimer(ops_per_sample=3).prepare(op)  # settled: the warm-up call alone (capture runs nothing)
+    assert x[0].item() == 2 + timing.SETTLE_GRAPHS * 3
 
 
 def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):

@@ -12,10 +12,18 @@ its per-round figures) and nccl-tests against itself (its second run over its
 first, median over rounds): on a shared machine the GPU's speed drifts over
 minutes and the host's cost of an NCCL call differs from one process to the
 next, so only figures taken side by side compare, and where nccl-tests misses
-the tolerance against itself, this machine cannot judge that size to it. nccl-tests runs against the libnccl arxtune loads (torch's,
-put first on LD_LIBRARY_PATH), and its header must name that version: a build
-can otherwise pick up another NCCL. The target: eager and graph within 5% at
-8 KiB, 1 MiB and 64 MiB.
+the tolerance against itself, this machine cannot judge that size to it.
+
+nccl-tests runs as it does by default, filling and checking its buffers
+(`-c 1`), as arxtune checks every result. Its times move with that flag
+although the timed calls do not change: on an H100 its graph time at 1 MiB
+read 2.07 us with `-c 0` and 2.44 us with `-c 1`
+(results/nccl-fidelity-h100-w1). So each round
+also runs it once with the other setting, printed beside (`nt -c0`), to show
+how far nccl-tests' own figure moves on this machine. nccl-tests runs against
+the libnccl arxtune loads (torch's, put first on LD_LIBRARY_PATH), and its
+header must name that version: a build can otherwise pick up another NCCL.
+The target: eager and graph within 5% at 8 KiB, 1 MiB and 64 MiB.
 
   python benchmarks/nccl_fidelity.py --nccl-tests /path/to/nccl-tests/build --out /tmp/fidelity
 """
@@ -72,11 +80,11 @@ def library_version(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def run_nccl_tests(binary: Path, args, graph: bool, library: tuple[str, int]) -> dict[int, float]:
+def run_nccl_tests(binary: Path, args, graph: bool, library: tuple[str, int], check: int) -> dict[int, float]:
     """nccl-tests' out-of-place times of one invocation, run against arxtune's own libnccl (a build may find another one first)."""
     iters = args.graph_iters if graph else args.iters
     command = [str(binary), "-b", args.min_bytes, "-e", args.max_bytes, "-f", "2", "-d", args.dtype, "-g", str(args.gpus),
-               "-c", "0", "-w", "5", "-n", str(iters), "-N", str(args.cycles)] + (["-G", str(args.graph_launches)] if graph else [])
+               "-c", str(check), "-w", "5", "-n", str(iters), "-N", str(args.cycles)] + (["-G", str(args.graph_launches)] if graph else [])
     path, version = library
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [os.path.dirname(path), os.environ.get("LD_LIBRARY_PATH")])))
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
@@ -160,15 +168,16 @@ def main() -> int:
     print(f"NCCL:       {library[0]} (version code {library[1]}), for nccl-tests and arxtune alike")
     rounds = []
     for r in range(args.rounds):
-        before = {mode: run_nccl_tests(binary, args, mode == "graph", library) for mode in ("eager", "graph")}
+        before = {mode: run_nccl_tests(binary, args, mode == "graph", library, 1) for mode in ("eager", "graph")}
+        unchecked = {mode + "_c0": run_nccl_tests(binary, args, mode == "graph", library, 0) for mode in ("eager", "graph")}
         ours = run_arxtune(args, f"fidelity-{r}")
-        after = {mode + "_after": run_nccl_tests(binary, args, mode == "graph", library) for mode in ("eager", "graph")}
-        rounds.append({**before, **after, "arxtune": ours})
+        after = {mode + "_after": run_nccl_tests(binary, args, mode == "graph", library, 1) for mode in ("eager", "graph")}
+        rounds.append({**before, **unchecked, **after, "arxtune": ours})
     print(f"\nall_reduce {args.dtype}, {args.gpus} GPU(s), {args.rounds} rounds; us = median over rounds; ratio = median over "
           "rounds of arxtune / nccl-tests out-of-place in the same round; spread = max/min over rounds; self = nccl-tests' "
-          "second run / its first")
-    print(f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt graph':>9} "
-          f"{'ax graph':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'ax isolated':>12}")
+          "second run / its first; nt -c0 = nccl-tests without its data check, median over rounds")
+    print(f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt -c0':>7} {'nt graph':>9} "
+          f"{'ax graph':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt -c0':>7} {'ax isolated':>12}")
     misses = []
     for size in sorted(rounds[0]["eager"]):
         cells = []
@@ -177,7 +186,9 @@ def main() -> int:
             if size in TARGET_SIZES and not within(p.ratio):
                 noise = "" if within(p.control) else f" (nccl-tests against itself: {p.control:.3f}, outside {TOLERANCE:.0%} too)"
                 misses.append(f"{mode} {size} B: {p.ratio:.3f}{noise}")
-            cells.append(f"{p.theirs:>9.2f} {p.ours:>9.2f} {p.ratio:>6.3f} {p.spread_ours:>5.2f}/{p.spread_theirs:<6.2f} {p.control:>6.3f}")
+            unchecked = _median(r.get(mode + "_c0", {}).get(size) for r in rounds)
+            cells.append(f"{p.theirs:>9.2f} {p.ours:>9.2f} {p.ratio:>6.3f} {p.spread_ours:>5.2f}/{p.spread_theirs:<6.2f} {p.control:>6.3f} "
+                         f"{unchecked:>7.2f}")
         mark = " *" if size in TARGET_SIZES else ""
         print(f"{size:>10} {cells[0]} {cells[1]} {_median(r['arxtune'].get(('isolated', size)) for r in rounds):>12.2f}{mark}")
     print(f"* target sizes: within {TOLERANCE:.0%} -> " + ("all met" if not misses else "missed: " + "; ".join(misses)))

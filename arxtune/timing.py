@@ -129,7 +129,6 @@ class CudaGraphTimer(_CudaEvents):
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def prepare(self, op: Op) -> None:
-        global _graphs_made
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -23,6 +23,12 @@ also runs it once with the other setting, printed beside (`nt -c0`), to show
 how far nccl-tests' own figure moves on this machine. nccl-tests runs against
 the libnccl arxtune loads (torch's, put first on LD_LIBRARY_PATH), and its
 header must name that version: a build can otherwise pick up another NCCL.
+With `-G N` nccl-tests times N launches of a graph it has just instantiated,
+so its figure carries the graph's first launch (its upload to the GPU) spread
+over N launches; arxtune times replays of a graph already launched. On an H100
+with 200 calls per graph that first launch added 0.09 us per call at 8 KiB
+with `-G 10` (1.25 against 1.16 us with `-G 100`, where arxtune read 1.16), so
+the check launches each nccl-tests graph 100 times.
 The target: eager and graph within 5% at 8 KiB, 1 MiB and 64 MiB.
 
   python benchmarks/nccl_fidelity.py --nccl-tests /path/to/nccl-tests/build --out /tmp/fidelity
@@ -151,7 +157,8 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=EAGER_OPS_PER_SAMPLE, help="nccl-tests -n eagerly (calls per timing).")
     parser.add_argument("--graph-iters", type=int, default=GRAPH_OPS_PER_SAMPLE,
                         help="nccl-tests -n with -G (calls per graph): as many as arxtune captures, so launches weigh alike.")
-    parser.add_argument("--graph-launches", type=int, default=10, help="nccl-tests -G.")
+    parser.add_argument("--graph-launches", type=int, default=100,
+                        help="nccl-tests -G: enough launches that its graph's first one (the upload) weighs under 1%%.")
     parser.add_argument("--cycles", type=int, default=5, help="nccl-tests -N: tables per run, each size at their median.")
     parser.add_argument("--rounds", type=int, default=3, help="Rounds of (nccl-tests, arxtune, nccl-tests).")
     args = parser.parse_args()

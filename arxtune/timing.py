@@ -93,14 +93,14 @@ class CudaBackToBackTimer(_CudaEvents):
         self.ops_per_sample = ops_per_sample
 
     def time_once(self, op: Op) -> float:
-        repeat = getattr(op, "repeat", None)  # the backend launches the run itself (nccl: from C)
-        self.start.record()
+        repeat = getattr(op, "repeat", None)  # the backend launches the run and records the events (nccl: from C)
         if repeat is not None:
-            repeat(self.ops_per_sample)
+            repeat(self.ops_per_sample, self.start, self.end)
         else:
+            self.start.record()
             for _ in range(self.ops_per_sample):
                 op()
-        self.end.record()
+            self.end.record()
         return self._elapsed_us() / self.ops_per_sample
 
 

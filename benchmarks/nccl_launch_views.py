@@ -6,8 +6,9 @@ World size 1, bf16 all_reduce through arxtune's `nccl` backend, 40 samples
 each, medians in us per op, at 8 KiB, 128 KiB, 1 MiB and 64 MiB:
 - eager (20 calls a sample from the backend's C loop) on the legacy default
   stream (where the sweep launches) against a non-blocking stream (where
-  nccl-tests launches), each timed between two events (arxtune) and by the host
-  clock up to a stream synchronisation (nccl-tests);
+  nccl-tests launches), each timed between two events the loop records
+  (arxtune), between two events recorded from Python around the loop, and by
+  the host clock up to a stream synchronisation (nccl-tests);
 - graph (200 calls per graph, rotating through as many buffer pairs as fit in
   64 MiB) over separately allocated tensors (arxtune) against slices of one
   contiguous pool (nccl-tests shifts inside one buffer), each timed as one replay
@@ -27,6 +28,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from arx_graph import time_eager  # noqa: E402
 
+from arxtune.timing import CudaBackToBackTimer  # noqa: E402
+
 SIZES = (8 << 10, 128 << 10, 1 << 20, 64 << 20)
 SPAN = 64 << 20  # bytes the rotating buffers may span, as a sweep up to 64 MiB
 SAMPLES, WARMUP = 40, 5
@@ -34,7 +37,13 @@ EAGER_CALLS, GRAPH_CALLS, GRAPH_REPLAYS, HOST_REPLAYS = 20, 200, 20, 10
 
 
 def events_per_op(rot, calls: int) -> float:
-    """arxtune's eager view: `calls` launches from the C loop between two events."""
+    """arxtune's eager view: `calls` launches from the C loop between two events it records itself."""
+    timer = CudaBackToBackTimer(ops_per_sample=calls)
+    return statistics.median([timer.time_once(rot) for _ in range(WARMUP + SAMPLES)][WARMUP:])
+
+
+def python_events_per_op(rot, calls: int) -> float:
+    """The same launches between two events recorded from Python around the call into the C loop."""
     return statistics.median(time_eager(lambda: rot.repeat(calls), WARMUP, SAMPLES)) / calls
 
 
@@ -106,7 +115,8 @@ def main() -> int:
                 rot = backend.bind_rotation("all_reduce", ins, outs)
                 rot.repeat(EAGER_CALLS)
                 torch.cuda.synchronize()
-                row.append(f"{name} ev {events_per_op(rot, EAGER_CALLS):6.2f} host {host_per_op(rot, EAGER_CALLS, stream):6.2f}")
+                row.append(f"{name} ev {events_per_op(rot, EAGER_CALLS):6.2f} py-ev {python_events_per_op(rot, EAGER_CALLS):6.2f} "
+                           f"host {host_per_op(rot, EAGER_CALLS, stream):6.2f}")
         count = max(1, min(GRAPH_CALLS, SPAN // nbytes))
         tensors = [torch.ones(n, dtype=torch.bfloat16, device=dev) for _ in range(count)]
         one, host10 = graph_per_op(backend, tensors, [torch.empty_like(x) for x in tensors])

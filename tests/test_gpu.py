@@ -94,32 +94,58 @@ def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     assert (Path(tmp_path) / "gpu" / "plot.png").exists()
 
 
-def test_nccl_called_directly_is_exact_eagerly_and_in_a_graph_as_the_communicator_calls_it():
-    """The backend's own op methods (what the router calls), at world size 1, out of place."""
+@pytest.fixture
+def nccl_alone():
+    """arxtune's nccl backend at world size 1 on GPU 0."""
     import torch.distributed as dist
 
     from arxtune.backends import GroupContext, create
-    from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        dev = torch.device("cuda", 0)
-        backend = create("nccl", GroupContext(0, 1, 0, dev, dist.group.WORLD))
-        for op in OP_SPECS:
-            inp = make_input(op, 4096, 0, 1, torch.bfloat16, dev)
-            out = torch.full((OP_SPECS[op].shapes(4096, 1)[1],), -1.0, dtype=torch.bfloat16, device=dev)
-            getattr(backend, op)(inp, out)
-            torch.cuda.synchronize()
-            assert mismatch(out, expected_output(op, 4096, 0, 1, torch.bfloat16)) is None, op
-            assert inp.data_ptr() != out.data_ptr()
-        inp = make_input("all_reduce", 4096, 0, 1, torch.bfloat16, dev)
-        graph_out = torch.zeros_like(inp)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            backend.all_reduce(inp, graph_out)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert mismatch(graph_out, expected_output("all_reduce", 4096, 0, 1, torch.bfloat16)) is None
+        backend = create("nccl", GroupContext(0, 1, 0, torch.device("cuda", 0), dist.group.WORLD))
+        yield backend
         backend.close()
     finally:
         dist.destroy_process_group()
+
+
+def test_nccl_called_directly_is_exact_eagerly_and_in_a_graph_as_the_communicator_calls_it(nccl_alone):
+    """The backend's own op methods (what the router calls), at world size 1, out of place."""
+    from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
+
+    backend, dev = nccl_alone, torch.device("cuda", 0)
+    for op in OP_SPECS:
+        inp = make_input(op, 4096, 0, 1, torch.bfloat16, dev)
+        out = torch.full((OP_SPECS[op].shapes(4096, 1)[1],), -1.0, dtype=torch.bfloat16, device=dev)
+        getattr(backend, op)(inp, out)
+        torch.cuda.synchronize()
+        assert mismatch(out, expected_output(op, 4096, 0, 1, torch.bfloat16)) is None, op
+        assert inp.data_ptr() != out.data_ptr()
+    inp = make_input("all_reduce", 4096, 0, 1, torch.bfloat16, dev)
+    graph_out = torch.zeros_like(inp)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.all_reduce(inp, graph_out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert mismatch(graph_out, expected_output("all_reduce", 4096, 0, 1, torch.bfloat16)) is None
+
+
+def test_nccl_eager_samples_record_their_events_from_the_c_loop_around_their_launches(nccl_alone):
+    """At 16 MiB a call is bound by the GPU, so the eager view (events from C) must agree with the graph view."""
+    from arxtune.collectives import expected_output, make_input, mismatch
+
+    assert nccl_alone.effective_options() == {"eager_loop": "c", "eager_events": "c"}
+    dev, count = torch.device("cuda", 0), 8 << 20
+    ins = [make_input("all_reduce", count, 0, 1, torch.bfloat16, dev) for _ in range(2)]
+    outs = [torch.zeros_like(t) for t in ins]
+    rotation = nccl_alone.bind_rotation("all_reduce", ins, outs)
+    medians = {}
+    for timer in (CudaBackToBackTimer(ops_per_sample=5), CudaGraphTimer(ops_per_sample=5)):  # new events: created on first use
+        timer.prepare(rotation)
+        medians[timer.mode] = sorted(timer.time_once(rotation) for _ in range(21))[10]
+    assert 5 < medians["graph"] and medians["eager"] == pytest.approx(medians["graph"], rel=0.15), medians
+    torch.cuda.synchronize()
+    for out in outs:
+        assert mismatch(out, expected_output("all_reduce", count, 0, 1, torch.bfloat16)) is None

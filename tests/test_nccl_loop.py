@@ -14,6 +14,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")),
 vp, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
 REDUCING = ctypes.CFUNCTYPE(i, vp, vp, sz, i, i, vp, vp)
 PLAIN = ctypes.CFUNCTYPE(i, vp, vp, sz, i, vp, vp)
+RECORD = ctypes.CFUNCTYPE(i, vp, vp)
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def test_the_loop_calls_a_reducing_entry_on_each_pair_in_turn_with_every_argumen
 
     cb = REDUCING(entry)
     send, recv = _pairs(3)
-    assert loop(ctypes.cast(cb, vp), 1, send, recv, 3, 4096, 9, 0, 0x77, 0x55, 7) == 0
+    assert loop(ctypes.cast(cb, vp), 1, send, recv, 3, 4096, 9, 0, 0x77, 0x55, 7, None, None, None) == 0
     assert seen == [(0x1000 * (k % 3 + 1), 0x9000 * (k % 3 + 1), 4096, 9, 0, 0x77, 0x55) for k in range(7)]
 
 
@@ -53,8 +54,39 @@ def test_the_loop_calls_a_gathering_entry_without_a_reduction_and_stops_at_the_f
 
     cb = PLAIN(entry)
     send, recv = _pairs(2)
-    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 20) == 3
+    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 20, None, None, None) == 3
     assert seen == [(0x1000, 16, 7, 0x77, 0x55), (0x2000, 16, 7, 0x77, 0x55)]
+
+
+def test_the_loop_records_its_events_on_the_stream_right_around_its_launches(loop):
+    seen = []
+
+    def entry(send, recv, count, dtype, comm, stream):
+        seen.append(("launch", send))
+        return 0
+
+    def record(event, stream):
+        seen.append(("record", event, stream))
+        return 0
+
+    cb, rec = PLAIN(entry), RECORD(record)
+    send, recv = _pairs(2)
+    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 3, ctypes.cast(rec, vp), 0xE1, 0xE2) == 0
+    assert seen == [("record", 0xE1, 0x55), ("launch", 0x1000), ("launch", 0x2000), ("launch", 0x1000),
+                    ("record", 0xE2, 0x55)]
+
+
+def test_a_failed_record_comes_back_as_minus_its_cuda_error_and_nothing_is_launched_after_it(loop):
+    launches = []
+
+    def entry(send, recv, count, dtype, comm, stream):
+        launches.append(send)
+        return 0
+
+    cb, rec = PLAIN(entry), RECORD(lambda event, stream: 700 if event == 0xE1 else 0)  # cudaErrorIllegalAddress
+    send, recv = _pairs(1)
+    assert loop(ctypes.cast(cb, vp), 0, send, recv, 1, 16, 7, 0, 0x77, 0x55, 3, ctypes.cast(rec, vp), 0xE1, 0xE2) == -700
+    assert launches == []
 
 
 def test_asking_for_the_python_loop_or_having_no_compiler_says_so(tmp_path, monkeypatch, capsys):

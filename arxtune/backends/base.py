@@ -13,8 +13,9 @@ A backend may also define bind(op, inp, out) -> a zero-argument call of that
 op on those buffers: the harness times that call, so per-call work the backend
 can do once (pointers, counts) is not timed. It may instead define
 bind_rotation(op, ins, outs) -> a zero-argument call that runs on the next
-buffer pair each time; where that call has a `repeat(n)`, eager samples use it
-to launch n calls back to back in the backend's own loop (nccl: a C loop).
+buffer pair each time; where that call has a `repeat(n, start, end)`, eager
+samples use it to launch n calls back to back in the backend's own loop (nccl:
+a C loop), recording the CUDA events `start` before them and `end` after.
 
 A capturable backend whose failures happen inside a graph replay (a kernel
 that gave up waiting) may also define check(): the harness calls it after

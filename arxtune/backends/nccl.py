@@ -10,9 +10,11 @@ nothing in between: what a C caller, vLLM's PyNccl or nccl-tests sees.
 
 Eager samples launch their calls from a small C loop (nccl_burst.c), as
 nccl-tests does: below a few MiB a call is bound by the host, and a Python
-call adds about a microsecond to NCCL's own enqueue. Where the loop cannot be
-built (no C compiler), or with ARXTUNE_NCCL_LOOP=python, they launch from
-Python; the run's backend options say which (`eager_loop`).
+call adds about a microsecond to NCCL's own enqueue. The loop also records the
+sample's two events (cuEventRecord), so the interval holds the launches and not
+the calls into and out of Python around them. Where the loop cannot be built
+(no C compiler), or with ARXTUNE_NCCL_LOOP=python, they launch from Python; the
+run's backend options say which (`eager_loop`, `eager_events`).
 """
 
 from __future__ import annotations
@@ -114,13 +116,24 @@ def launch_loop() -> tuple[object, str]:
         return None, f"python (no C loop: {exc})"
     vp = ctypes.c_void_p
     fn.restype = ctypes.c_int
-    fn.argtypes = [vp, ctypes.c_int, vp, vp, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, vp, vp, ctypes.c_int]
+    fn.argtypes = [vp, ctypes.c_int, vp, vp, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, vp, vp, ctypes.c_int,
+                   vp, vp, vp]
     return fn, "c"
 
 
+@functools.lru_cache(maxsize=1)
+def event_record() -> tuple[ctypes.c_void_p | None, str]:
+    """(the driver's cuEventRecord, which takes torch's events and streams as they are, or None;
+    where eager samples record their events: "c" or "python (why)")."""
+    try:
+        return ctypes.cast(ctypes.CDLL("libcuda.so.1").cuEventRecord, ctypes.c_void_p), "c"
+    except (OSError, AttributeError) as exc:
+        return None, f"python (no cuEventRecord: {exc})"
+
+
 class Rotation:
-    """Calls of one op rotating through buffer pairs: one from Python per call(), or `repeat(n)`
-    launched back to back from the C loop (pair i % pairs for the i-th)."""
+    """Calls of one op rotating through buffer pairs: one from Python per call(), or `repeat(n, start, end)`
+    launched back to back from the C loop (pair i % pairs for the i-th), between events `start` and `end`."""
 
     def __init__(self, backend: "NcclBackend", op: str, ins: list[torch.Tensor], outs: list[torch.Tensor], loop) -> None:
         self._next = itertools.cycle([backend.bind(op, i, o) for i, o in zip(ins, outs)]).__next__
@@ -136,9 +149,25 @@ class Rotation:
     def __call__(self) -> None:
         self._next()()
 
-    def _launch_from_c(self, calls: int) -> None:
+    def _launch_from_c(self, calls: int, start: torch.cuda.Event | None = None,
+                       end: torch.cuda.Event | None = None) -> None:
+        """`calls` launches; with events, `start` and `end` are recorded around them, from C where libcuda allows."""
         b = self._backend
-        rc = self._loop(*self._head, b._stream(b.device_index), calls)
+        timed = start is not None and end is not None
+        record = event_record()[0] if timed else None
+        handles = (None, None)
+        if record is not None:
+            for event in (start, end):
+                if not event.cuda_event:
+                    event.record()  # torch creates an event at its first record
+            handles = (start.cuda_event, end.cuda_event)
+        elif timed:
+            start.record()
+        rc = self._loop(*self._head, b._stream(b.device_index), calls, record, *handles)
+        if timed and record is None:
+            end.record()
+        if rc < 0:
+            raise RuntimeError(f"{self._name}: cuEventRecord failed: CUDA error {-rc}")
         if rc:
             b.nccl.check(rc, self._name)
 
@@ -201,11 +230,12 @@ class NcclBackend:
         return call
 
     def bind_rotation(self, op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> Rotation:
-        """Calls of `op` rotating through these buffer pairs, with `repeat(n)` for a C loop of n launches."""
+        """Calls of `op` rotating through these buffer pairs, with `repeat(n, start, end)` for a C loop of n launches."""
         return Rotation(self, op, ins, outs, launch_loop()[0])
 
     def effective_options(self) -> dict:
-        return {"eager_loop": launch_loop()[1]}
+        loop = launch_loop()[1]
+        return {"eager_loop": loop, "eager_events": event_record()[1] if loop == "c" else "python"}
 
     def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None:
         self._launch("all_reduce", inp, out)

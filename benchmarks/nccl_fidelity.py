@@ -28,7 +28,11 @@ so its figure carries the graph's first launch (its upload to the GPU) spread
 over N launches; arxtune times replays of a graph already launched. On an H100
 with 200 calls per graph that first launch added 0.09 us per call at 8 KiB
 with `-G 10` (1.25 against 1.16 us with `-G 100`, where arxtune read 1.16), so
-the check launches each nccl-tests graph 100 times.
+the check launches each nccl-tests graph 100 times. Its eager figure is the
+host clock from the first of `-n` launches to a stream synchronisation,
+divided by `-n`; on an H100 at 8 KiB it read 7.21 us (6.07-9.65 over nine
+tables) with `-n 20` and 5.35 (4.59-5.74) with `-n 200`
+(results/nccl-fidelity-h100-w1/n20-n200.txt), so the check launches 200.
 The target: eager and graph within 5% at 8 KiB, 1 MiB and 64 MiB.
 
   python benchmarks/nccl_fidelity.py --nccl-tests /path/to/nccl-tests/build --out /tmp/fidelity
@@ -47,10 +51,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from arxtune.timing import EAGER_OPS_PER_SAMPLE, GRAPH_OPS_PER_SAMPLE  # noqa: E402
+from arxtune.timing import GRAPH_OPS_PER_SAMPLE  # noqa: E402
 
 TARGET_SIZES = (8 << 10, 1 << 20, 64 << 20)
 TOLERANCE = 0.05
+EAGER_LAUNCHES = 200
 
 
 def parse_out_of_place_us(text: str) -> dict[int, float]:
@@ -154,7 +159,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--min-bytes", default="8K")
     parser.add_argument("--max-bytes", default="64M")
-    parser.add_argument("--iters", type=int, default=EAGER_OPS_PER_SAMPLE, help="nccl-tests -n eagerly (calls per timing).")
+    parser.add_argument("--iters", type=int, default=EAGER_LAUNCHES,
+                        help="nccl-tests -n eagerly: enough launches that its closing synchronisation weighs little per call.")
     parser.add_argument("--graph-iters", type=int, default=GRAPH_OPS_PER_SAMPLE,
                         help="nccl-tests -n with -G (calls per graph): as many as arxtune captures, so launches weigh alike.")
     parser.add_argument("--graph-launches", type=int, default=100,

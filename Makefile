@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml
 run: venv
 	$(BIN)/arxtune sweep --modes eager,graph
 
+# The tiers `make test` runs, cheapest first; each prints its wall time. tests/rdma's device tests
+# (marked rdma) wait for `make test-rdma`; its fake-fabric tests run here.
 test: venv
-	$(BIN)/python -m pytest -q tests --ignore=tests/vllm -m "not rdma"
+	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q tests/multiproc
+	$(BIN)/python -m pytest -q tests/rdma -m "not rdma"
 
 test-rdma: venv
 	bash scripts/test-rdma.sh
@@ -37,7 +41,7 @@ test-vllm-guest-engine:
 # The GPU tier uses whichever Python has CUDA torch: this venv's, or the machine's own python3.
 GPU_PYTHON ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
 test-gpu:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q tests/test_gpu.py tests/test_arx_graph_gpu.py tests/rdma/test_device_tensors_fake.py -m "not rdma"
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q tests/gpu tests/rdma/test_device_tensors_fake.py -m "not rdma"
 
 bench: venv
 	$(BIN)/python benchmarks/dispatch_overhead.py

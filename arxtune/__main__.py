@@ -1,3 +1,3 @@
-from .cli import main
+from arxtune.cli import main
 
 main()

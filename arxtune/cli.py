@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .errors import ArxtuneError
+from arxtune.runtime.errors import ArxtuneError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure collective backends, calibrate crossovers, and dispatch per call.")
@@ -26,10 +26,10 @@ def _fail(exc: Exception, code: int = 2) -> None:
 
 def _finish(run_path: Path) -> None:
     """Calibrate and plot a finished run, printing where everything went; an existing thresholds file is kept."""
-    from .calibrate import calibrate, describe_views
-    from .plot import plot_run
-    from .results import load_run
-    from .thresholds import load
+    from arxtune.harness.calibrate import calibrate, describe_views
+    from arxtune.harness.plot import plot_run
+    from arxtune.harness.results import load_run
+    from arxtune.runtime.thresholds import load
 
     run = load_run(run_path)
     typer.echo(f"run:        {run.path}")
@@ -49,8 +49,8 @@ def _finish(run_path: Path) -> None:
 
 def _check_resume(resume: Path, config: Optional[Path], run_id: Optional[str], overrides: dict) -> None:
     """--resume continues a run with its own config: refuse a finished run and flags that would change it."""
-    from .config import from_mapping
-    from .results import resumable
+    from arxtune.harness.config import from_mapping
+    from arxtune.harness.results import resumable
 
     run = resumable(resume)
     try:
@@ -67,7 +67,7 @@ def _check_resume(resume: Path, config: Optional[Path], run_id: Optional[str], o
 
 def _unfinished(run_path: str) -> bool:
     """Whether a run directory this node can see is there to be resumed."""
-    from .results import read_meta
+    from arxtune.harness.results import read_meta
 
     try:
         return bool(run_path) and not read_meta(run_path).finished
@@ -117,9 +117,10 @@ def sweep(
 
       torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 -m arxtune sweep -c configs/sweep/gb10-2node.toml
     """
-    from . import backends as backend_registry, distributed, launch, sweep as sweep_mod
-    from .config import SweepConfig, load_config
-    from .fileio import check_writable_dir
+    from arxtune.runtime import backends as backend_registry, distributed
+    from arxtune.harness import launch, sweep as sweep_mod
+    from arxtune.harness.config import SweepConfig, load_config
+    from arxtune.runtime.fileio import check_writable_dir
 
     try:
         backend_registry.check_extra()
@@ -172,12 +173,12 @@ def calibrate(
 
       arxtune calibrate results/OLD results/NEW --prefer NEW --out thresholds.json
     """
-    from .calibrate import DEFAULT_VIEWS, calibrate as calibrate_runs, describe_views
-    from .communicator import default_thresholds_path
-    from .report import thresholds_table
-    from .results import load_run
+    from arxtune.harness.calibrate import DEFAULT_VIEWS, calibrate as calibrate_runs, describe_views
+    from arxtune.runtime.communicator import default_thresholds_path
+    from arxtune.harness.report import thresholds_table
+    from arxtune.harness.results import load_run
 
-    from .fileio import check_writable_file
+    from arxtune.runtime.fileio import check_writable_file
 
     try:
         if export not in (None, "csv", "table"):
@@ -216,9 +217,9 @@ def compare(
 
     Example: arxtune compare results/RUN1 results/RUN2 --min-agreement 0.95
     """
-    from .compare import compare_runs
-    from .report import comparison_table, console
-    from .results import load_run
+    from arxtune.harness.compare import compare_runs
+    from arxtune.harness.report import comparison_table, console
+    from arxtune.harness.results import load_run
 
     try:
         comparison = compare_runs(load_run(run_a), load_run(run_b), baseline=baseline, margin=margin, tolerance=tolerance)
@@ -243,9 +244,9 @@ def plot(
 
     Example: arxtune plot results/RUN --out run.svg
     """
-    from .plot import plot_run
-    from .results import load_run
-    from .thresholds import load
+    from arxtune.harness.plot import plot_run
+    from arxtune.harness.results import load_run
+    from arxtune.runtime.thresholds import load
 
     try:
         loaded = load_run(run)
@@ -262,7 +263,7 @@ def show(path: Path = typer.Argument(..., help="A run directory or a thresholds 
 
     Example: arxtune show results/RUN
     """
-    from .report import show as show_path
+    from arxtune.harness.report import show as show_path
 
     try:
         show_path(path)
@@ -275,7 +276,7 @@ def e2e(
     thresholds: Optional[Path] = typer.Option(None, help="Thresholds file for the 'thresholds' arm (default: the installed one, $ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
     no_thresholds: bool = typer.Option(False, "--no-thresholds", help="No 'thresholds' arm (e.g. only --force arms)."),
     force: Optional[str] = typer.Option(None, help="Comma list of backends, each forced alone for every call in its own arm, e.g. gloo,arx."),
-    model: Optional[str] = typer.Option(None, help="Model directory or name (default: the tiny Llama config shipped in configs/models, dummy weights)."),
+    model: Optional[str] = typer.Option(None, help="Model directory or name (default: the tiny Llama config shipped with arxtune, dummy weights)."),
     load_format: str = typer.Option("", help="vLLM load format (default: dummy for a directory without weights)."),
     tp: int = typer.Option(2, "--tp", help="Tensor-parallel size (across all nodes)."),
     dtype: str = typer.Option("bfloat16", help="Model dtype."),
@@ -303,8 +304,8 @@ def e2e(
 
       arxtune e2e --model /models/llama --tp 2 --nnodes 2 --node-rank 0 --master-addr node0   # and --node-rank 1 on node1
     """
-    from .communicator import default_thresholds_path
-    from .e2e import E2EConfig, load_result, report_lines, run_e2e
+    from arxtune.runtime.communicator import default_thresholds_path
+    from arxtune.harness.e2e import E2EConfig, load_result, report_lines, run_e2e
 
     try:
         chosen = None if no_thresholds else str(thresholds or default_thresholds_path())
@@ -326,7 +327,7 @@ def e2e(
 def doctor() -> None:
     """List RDMA devices, GIDs, limits and GPUs, and which backends can run here."""
     try:
-        from .doctor import doctor as run_doctor, format_report
+        from arxtune.harness.doctor import doctor as run_doctor, format_report
     except ImportError as exc:
         _fail(ArxtuneError(f"doctor is unavailable: {exc}"))
     typer.echo(format_report(run_doctor()))

@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from arxtune.collectives import elements_per_rank, expected_output, make_input, mismatch  # noqa: E402
-from arxtune.rdma.config import RdmaConfig  # noqa: E402
-from arxtune.rdma.graph.gpu import RanksOnOneGpu  # noqa: E402
+from arxtune.runtime.ops import elements_per_rank, expected_output, make_input, mismatch  # noqa: E402
+from arxtune.runtime.rdma.config import RdmaConfig  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.arxg_cpu_rank import RanksOnOneGpu  # noqa: E402
 
 OPS_PER_GRAPH = 10
 
@@ -87,7 +88,7 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from arxtune.config import format_bytes
+    from arxtune.runtime.units import format_bytes
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mode, style in (("graph", "o-"), ("eager", "s--")):

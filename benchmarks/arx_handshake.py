@@ -30,10 +30,11 @@ except ImportError:
     sys.exit(2)
 from arx_graph import capture, time_graph  # noqa: E402
 
-from arxtune.rdma.config import RdmaConfig  # noqa: E402
-from arxtune.rdma.graph import segment as seg  # noqa: E402
-from arxtune.rdma.graph.gpu import RanksOnOneGpu  # noqa: E402
-from arxtune.rdma.graph.kernels import handshake_kernel, ring  # noqa: E402
+from arxtune.runtime.rdma.config import RdmaConfig  # noqa: E402
+from arxtune.runtime.rdma.graph import segment as seg  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.arxg_cpu_rank import RanksOnOneGpu  # noqa: E402
+from arxtune.runtime.rdma.graph.kernels import handshake_kernel, ring  # noqa: E402
 
 HANDSHAKE = seg.OP_CODES["handshake"]
 

@@ -21,8 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from arxtune.rdma import RdmaConfig, connect, gloo_exchange, open_transport
-from arxtune.rdma.protocol import seq_of
+from arxtune.runtime.rdma import RdmaConfig, connect, gloo_exchange, open_transport
+from arxtune.runtime.rdma.protocol import seq_of
 
 
 def raw_round_us(t, nbytes: int, iters: int) -> float:

@@ -1,7 +1,7 @@
 """Per-call cost of the communicator's backend choice, in nanoseconds (target: under 1 us).
 
-Measures Lookup.choose (dict + bisect) and Communicator.choose / route (lookup,
-backend fetch, supports()) on a thresholds table shaped like a real one:
+Measures Router.pick (mode, dict get, bisect, supports(), counter) and Communicator.choose /
+route (the same through the communicator) on a thresholds table shaped like a real one:
 3 ops x 3 dtypes, 8 ranges each. Runs a one-rank gloo group; no devices needed.
 
     python benchmarks/dispatch_overhead.py
@@ -16,9 +16,9 @@ import timeit
 import torch
 import torch.distributed as dist
 
-from arxtune.backends import register
-from arxtune.communicator import Communicator
-from arxtune.thresholds import Lookup, Range, Table, Thresholds
+from arxtune.runtime.backends import register
+from arxtune.runtime.communicator import Communicator
+from arxtune.runtime.thresholds import Range, Table, Thresholds
 
 CALLS = 200_000
 REPEATS = 7
@@ -43,16 +43,15 @@ def ns_per_call(fn) -> tuple[float, float]:
 def main() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
-    register("counting", "arxtune.backends.torch_dist:GlooBackend")  # a second real backend to route to
+    register("counting", "arxtune.runtime.backends.torch_dist:GlooBackend")  # a second real backend to route to
     dist.init_process_group("gloo", rank=0, world_size=1)
     thresholds = realistic_thresholds(1)
-    lookup = Lookup(thresholds, 1)
     comm = Communicator.from_env(thresholds)
     tensor = torch.empty(3000, dtype=torch.bfloat16)
     dtype = torch.bfloat16
     print(f"{'path':<38}{'median ns/call':>16}{'best ns/call':>14}")
     for label, fn in [
-        ("Lookup.choose (dict + bisect)", lambda: lookup.choose("all_reduce", dtype, 6000)),
+        ("Router.pick (dict + bisect + supports)", lambda: comm.router.pick("all_reduce", dtype, 6000)),
         ("Communicator.choose (+ supports)", lambda: comm.choose("all_reduce", dtype, 6000)),
         ("Communicator.route (+ byte count)", lambda: comm.route("all_reduce", tensor)),
     ]:

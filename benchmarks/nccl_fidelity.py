@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from arxtune.timing import GRAPH_OPS_PER_SAMPLE  # noqa: E402
+from arxtune.harness.timing import GRAPH_OPS_PER_SAMPLE  # noqa: E402
 
 TARGET_SIZES = (8 << 10, 1 << 20, 64 << 20)
 TOLERANCE = 0.05
@@ -76,7 +76,7 @@ def arxtune_nccl() -> tuple[str, int]:
     """The libnccl file arxtune's `nccl` backend loads (torch's), and its version code."""
     import torch  # noqa: F401  (loads torch's NCCL, which the backend then finds by soname)
 
-    from arxtune.backends.nccl import NcclLibrary
+    from arxtune.runtime.backends.nccl import NcclLibrary
 
     lib = NcclLibrary()
     path = lib.path()
@@ -117,7 +117,7 @@ def run_arxtune(args, run_id: str) -> dict[tuple[str, int], float]:
                "--nproc-per-node", str(args.gpus), "--out", args.out, "--run-id", run_id, "--no-progress"]
     print("arxtune:   ", " ".join(command), flush=True)
     subprocess.run(command, check=True, timeout=900, stdout=subprocess.DEVNULL)
-    from arxtune.results import load_run
+    from arxtune.harness.results import load_run
 
     frame = load_run(Path(args.out) / run_id).frame()
     ok = frame[frame.status == "ok"]

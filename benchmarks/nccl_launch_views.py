@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from arx_graph import time_eager  # noqa: E402
 
-from arxtune.timing import CudaBackToBackTimer  # noqa: E402
+from arxtune.harness.timing import CudaBackToBackTimer  # noqa: E402
 
 SIZES = (8 << 10, 128 << 10, 1 << 20, 64 << 20)
 SPAN = 64 << 20  # bytes the rotating buffers may span, as a sweep up to 64 MiB
@@ -91,8 +91,8 @@ def one_gpu_nccl(port: int):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    from arxtune.backends.base import GroupContext
-    from arxtune.backends.nccl import NcclBackend
+    from arxtune.runtime.backends.base import GroupContext
+    from arxtune.runtime.backends.nccl import NcclBackend
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)

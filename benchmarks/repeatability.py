@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from arxtune.calibrate import calibrate
-from arxtune.compare import compare_runs
-from arxtune.report import comparison_table, console
-from arxtune.results import load_run
+from arxtune.harness.calibrate import calibrate
+from arxtune.harness.compare import compare_runs
+from arxtune.harness.report import comparison_table, console
+from arxtune.harness.results import load_run
 
 
 def sweep(args, run_id: str) -> float:

@@ -2,10 +2,10 @@
 
 Each repeat is a new Python process (imports are cached per process) that
 times, after `import torch` and `torch.distributed`:
-- import arxtune.communicator,
+- import arxtune.runtime.communicator,
 - constructing a Communicator on a one-rank gloo group from a thresholds file,
-- import arxtune.vllm_plugin alone, in a process of its own (vLLM's plugin loader imports it in every process),
-and reports whether the harness (arxtune.sweep, pandas, matplotlib) got imported.
+- import arxtune.runtime.vllm_plugin alone, in a process of its own (vLLM's plugin loader imports it in every process),
+and reports whether the harness (arxtune.harness.sweep, pandas, matplotlib) got imported.
 
     PYTHONPATH=$PWD python benchmarks/startup_cost.py [--repeats 15] [--src DIR]
 
@@ -37,14 +37,14 @@ CHILD = r"""
 import json, os, sys, time
 import torch, torch.distributed as dist
 t0 = time.perf_counter()
-import arxtune.communicator
+import arxtune.runtime.communicator
 t1 = time.perf_counter()
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
 dist.init_process_group("gloo", rank=0, world_size=1)
 t2 = time.perf_counter()
-comm = arxtune.communicator.Communicator.from_env(sys.argv[1])
+comm = arxtune.runtime.communicator.Communicator.from_env(sys.argv[1])
 t3 = time.perf_counter()
-harness = sorted(m for m in ("arxtune.sweep", "arxtune.results", "arxtune.timing", "pandas", "matplotlib") if m in sys.modules)
+harness = sorted(m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.timing", "pandas", "matplotlib") if m in sys.modules)
 comm.close()
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "construct_ms": (t3 - t2) * 1e3, "harness": harness}), flush=True)
 os._exit(0)  # no gloo teardown: it is not what is measured, and it has been seen to abort
@@ -54,7 +54,7 @@ PLUGIN_CHILD = r"""
 import json, sys, time
 import torch, torch.distributed
 t0 = time.perf_counter()
-import arxtune.vllm_plugin
+import arxtune.runtime.vllm_plugin
 t1 = time.perf_counter()
 print(json.dumps({"plugin_import_ms": (t1 - t0) * 1e3}))
 """
@@ -79,8 +79,8 @@ def main() -> None:
                 row.update(json.loads(out.stdout.strip().splitlines()[-1]))
             rows.append(row)
     print(f"arxtune from {args.src} ({args.repeats} fresh processes, medians)")
-    for key, label in (("import_ms", "import arxtune.communicator"), ("construct_ms", "Communicator(1-rank gloo)"),
-                       ("plugin_import_ms", "import arxtune.vllm_plugin")):
+    for key, label in (("import_ms", "import arxtune.runtime.communicator"), ("construct_ms", "Communicator(1-rank gloo)"),
+                       ("plugin_import_ms", "import arxtune.runtime.vllm_plugin")):
         values = [r[key] for r in rows]
         print(f"  {label:<38}{statistics.median(values):8.1f} ms  (min {min(values):.1f})")
     total = [r["import_ms"] + r["construct_ms"] for r in rows]

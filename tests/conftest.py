@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from helpers.runs import make_run
+
+TESTS = Path(__file__).parent
+_started = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The tier (tests/ directory) this run covered and its wall time, for the README's tier table."""
+    paths = {Path(str(getattr(r, "fspath", "") or r.nodeid.split("::")[0])) for rs in terminalreporter.stats.values()
+             for r in rs if hasattr(r, "nodeid")}
+    tiers = sorted({p.resolve().relative_to(TESTS).parts[0] for p in paths
+                    if p.suffix == ".py" and p.resolve().is_relative_to(TESTS) and len(p.resolve().relative_to(TESTS).parts) > 1})
+    terminalreporter.write_line(f"arxtune tier {'+'.join(tiers) or 'none'}: {time.monotonic() - _started:.1f} s wall")
 
 
 @pytest.fixture

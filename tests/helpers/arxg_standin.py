@@ -8,13 +8,17 @@ result bit for bit, prints "ok CALLS" and exits 0 (1 on a wrong result)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
 
 import torch
 
-from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
-from arxtune.rdma.config import RdmaConfig
-from arxtune.rdma.graph.session import open_session, store_exchange
-from arxtune.rdma.graph.standin import CpuRank
+from arxtune.runtime.ops import OP_SPECS, expected_output, make_input, mismatch
+from arxtune.runtime.rdma.config import RdmaConfig
+from arxtune.runtime.rdma.graph.session import open_session, store_exchange
+from helpers.arxg_cpu_rank import CpuRank
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from arxtune.backends.torch_dist import GlooBackend
+from arxtune.runtime.backends.torch_dist import GlooBackend
 
 
 class CountingGloo(GlooBackend):

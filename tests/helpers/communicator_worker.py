@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from arxtune.collectives import expected_output, make_input, mismatch
-from arxtune.communicator import Communicator
-from arxtune.thresholds import Range, Table, Thresholds
+from arxtune.runtime.ops import expected_output, make_input, mismatch
+from arxtune.runtime.communicator import Communicator
+from arxtune.runtime.thresholds import Range, Table, Thresholds
 from helpers.backends import CountingGloo
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

@@ -17,9 +17,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
-from arxtune.communicator import Communicator
-from arxtune.thresholds import load
+from arxtune.runtime.ops import OP_SPECS, expected_output, make_input, mismatch
+from arxtune.runtime.communicator import Communicator
+from arxtune.runtime.thresholds import load
 from helpers.backends import CapturableCounting, CountingGloo, LimitedCounting
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
@@ -91,7 +91,7 @@ comm = Communicator.from_env(elsewhere)
 check(comm, [("all_reduce", f32, 1 * KiB, False, "gloo")])
 comm.close()
 
-harness = [m for m in ("arxtune.sweep", "arxtune.results", "arxtune.timing", "arxtune.calibrate", "pandas", "matplotlib") if m in sys.modules]
+harness = [m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.timing", "arxtune.harness.calibrate", "pandas", "matplotlib") if m in sys.modules]
 assert not harness, harness
 print("deployment ok", flush=True)
 dist.barrier()  # leave together: a rank tearing gloo down while a peer still talks to it can abort the peer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from arxtune.results import PointRecord, RunMeta, RunWriter, load_run
+from arxtune.harness.results import PointRecord, RunMeta, RunWriter, load_run
 
 
 def synthetic_samples(median_us: float, spread: float = 0.02, n: int = 200, seed: int = 0) -> tuple[float, ...]:

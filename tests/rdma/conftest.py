@@ -19,8 +19,8 @@ REQUIRE = os.environ.get("ARXTUNE_REQUIRE_RDMA") == "1" or os.environ.get("CI", 
 
 
 def rdma_missing_reason() -> str | None:
-    from arxtune.rdma.connection import PYVERBS_IMPORT_ERROR
-    from arxtune.rdma.device import read_devices
+    from arxtune.runtime.rdma.connection import PYVERBS_IMPORT_ERROR
+    from arxtune.runtime.rdma.device import read_devices
 
     if PYVERBS_IMPORT_ERROR is not None:
         return f"pyverbs not importable: {PYVERBS_IMPORT_ERROR}"

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from arxtune.rdma.errors import RdmaTimeout
-from arxtune.rdma.protocol import Layout, seq_of
+from arxtune.runtime.rdma.errors import RdmaTimeout
+from arxtune.runtime.rdma.protocol import Layout, seq_of
 
 
 class FakeFabric:

@@ -16,15 +16,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 import time
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
 
 import torch
 import torch.distributed as dist
 
-from arxtune.backends import create
-from arxtune.backends.base import GroupContext
-from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
-from arxtune.rdma.device import read_devices
+from arxtune.runtime.backends import create
+from arxtune.runtime.backends.base import GroupContext
+from arxtune.runtime.ops import OP_SPECS, expected_output, make_input, mismatch
+from arxtune.runtime.rdma.device import read_devices
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_BYTES = 1 << 20
@@ -79,9 +83,9 @@ class Checker:
 
 def check_arxg(chk: Checker, ctx: GroupContext) -> None:
     """arxg's proxy processes over verbs between the ranks, each GPU side stood in by this CPU rank."""
-    from arxtune.rdma import RdmaConfig, gloo_exchange
-    from arxtune.rdma.graph import session as session_mod
-    from arxtune.rdma.graph.standin import CpuRank
+    from arxtune.runtime.rdma import RdmaConfig, gloo_exchange
+    from arxtune.runtime.rdma.graph import session as session_mod
+    from helpers.arxg_cpu_rank import CpuRank
 
     session_mod.SETUP_TIMEOUT_S = 900.0  # a proxy imports torch and pyverbs: minutes under emulation
     cfg = RdmaConfig.resolve({"max_bytes": 64 << 10, "timeout_s": 120})

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from arxtune.rdma.algorithms import Collectives
+from arxtune.runtime.rdma.algorithms import Collectives
 from fakes import FakeFabric
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

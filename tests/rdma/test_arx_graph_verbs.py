@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from arxtune.collectives import OP_SPECS, expected_output, make_input, mismatch
-from arxtune.rdma.config import RdmaConfig
-from arxtune.rdma.errors import RdmaTimeout
-from arxtune.rdma.graph import session as session_mod
-from arxtune.rdma.graph.session import open_local
-from arxtune.rdma.graph.standin import CpuRank
+from arxtune.runtime.ops import OP_SPECS, expected_output, make_input, mismatch
+from arxtune.runtime.rdma.config import RdmaConfig
+from arxtune.runtime.rdma.errors import RdmaTimeout
+from arxtune.runtime.rdma.graph import session as session_mod
+from arxtune.runtime.rdma.graph.session import open_local
+from helpers.arxg_cpu_rank import CpuRank
 
 pytestmark = [pytest.mark.rdma, pytest.mark.timeout(1500)]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from arxtune.rdma.config import RdmaConfig
-from arxtune.rdma.device import read_devices, select_endpoints, select_gid
-from arxtune.rdma.errors import RdmaUnavailable
+from arxtune.runtime.rdma.config import RdmaConfig
+from arxtune.runtime.rdma.device import read_devices, select_endpoints, select_gid
+from arxtune.runtime.rdma.errors import RdmaUnavailable
 
 V4 = "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}"
 

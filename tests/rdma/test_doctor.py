@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-import arxtune.doctor as doctor_mod
-from arxtune.doctor import doctor, format_report
+import arxtune.harness.doctor as doctor_mod
+from arxtune.harness.doctor import doctor, format_report
 from test_device import make_dev, v4
 
 
 def test_report_on_a_fake_machine(tmp_path, monkeypatch):
     make_dev(tmp_path, "rxe0", [(v4(127, 0, 0, 1), "RoCE v2", "lo"), (v4(10, 77, 0, 1), "RoCE v2", "dummy0")])
-    from arxtune.rdma import device
+    from arxtune.runtime.rdma import device
 
     monkeypatch.setattr(doctor_mod, "read_devices", lambda: device.read_devices(tmp_path))
     rows = dict(doctor())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from arxtune.rdma.errors import RdmaError
-from arxtune.rdma.floor import measure_write_latency_us, parse_write_lat
+from arxtune.runtime.rdma.errors import RdmaError
+from arxtune.runtime.rdma.floor import measure_write_latency_us, parse_write_lat
 
 SAMPLE = """
                     RDMA_Write Latency Test

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from arxtune.errors import ArxtuneError
-from arxtune.rdma.config import RdmaConfig, parse_bytes
-from arxtune.rdma.protocol import ALIGN, Layout, chunks, seq_of, split_even, stripes
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.rdma.config import RdmaConfig
+from arxtune.runtime.units import parse_bytes
+from arxtune.runtime.rdma.protocol import ALIGN, Layout, chunks, seq_of, split_even, stripes
 
 
 def test_config_precedence_defaults_then_options_then_env():

@@ -18,8 +18,8 @@ def test_sweep_with_arx_and_arx2_writes_run_thresholds_and_plot():
     """The run is kept under .cache/rdma-tier/ (the guest writes through to the host) for inspection."""
     import shutil
 
-    from arxtune.results import load_run
-    from arxtune.thresholds import load
+    from arxtune.harness.results import load_run
+    from arxtune.runtime.thresholds import load
 
     out_dir = REPO / ".cache" / "rdma-tier"
     shutil.rmtree(out_dir, ignore_errors=True)

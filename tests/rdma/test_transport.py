@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
-from arxtune.rdma.config import RdmaConfig
-from arxtune.rdma.connection import Transport, open_transport
-from arxtune.rdma.device import read_devices, select_endpoints
-from arxtune.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
-from arxtune.rdma.protocol import seq_of
+from arxtune.runtime.rdma.config import RdmaConfig
+from arxtune.runtime.rdma.connection import Transport, open_transport
+from arxtune.runtime.rdma.device import read_devices, select_endpoints
+from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
+from arxtune.runtime.rdma.protocol import seq_of
 
 pytestmark = pytest.mark.rdma
 

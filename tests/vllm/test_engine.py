@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from arxtune.e2e import E2EConfig, engine_spec, run_engine, thresholds_for
+from arxtune.harness.e2e import E2EConfig, engine_spec, run_engine, thresholds_for
 
 from vllm_tier import ROOT, RUN_TIMEOUT_S, TEST_BACKEND, vllm_env
 

@@ -24,7 +24,7 @@ name = current_platform.get_device_communicator_cls()
 cls = resolve_obj_by_qualname(name)
 report = {"name": name, "cls": cls.__name__, "subclass": issubclass(cls, CpuCommunicator)}
 if name.startswith("arxtune"):
-    import arxtune.vllm_plugin as plugin
+    import arxtune.runtime.vllm_plugin as plugin
     plugin.register()  # vLLM may load plugins again in one process: nothing may change
     report["again"] = current_platform.get_device_communicator_cls()
     report["same_class"] = resolve_obj_by_qualname(report["again"]) is cls
@@ -55,7 +55,7 @@ def probes():
 @pytest.mark.parametrize("label", ["default", "named"])
 def test_vllm_loader_installs_the_wrapper(probes, label):
     probe = probes[label]
-    assert probe["name"] == "arxtune.vllm_plugin.ArxtuneDeviceCommunicator"
+    assert probe["name"] == "arxtune.runtime.vllm_plugin.ArxtuneDeviceCommunicator"
     assert probe["cls"] == "ArxtuneCpuCommunicator" and probe["subclass"]
     assert probe["again"] == probe["name"] and probe["same_class"]
 

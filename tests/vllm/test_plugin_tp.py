@@ -14,7 +14,7 @@ import socket
 
 import pytest
 
-from arxtune.thresholds import Fingerprint, Range, SourceRun, Table, Thresholds
+from arxtune.runtime.thresholds import Fingerprint, Range, SourceRun, Table, Thresholds
 
 from vllm_tier import TEST_BACKEND, run_tp, vllm_env
 

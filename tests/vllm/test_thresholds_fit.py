@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from arxtune.thresholds import Range, Table, Thresholds
-from arxtune.vllm_plugin import read_thresholds
+from arxtune.runtime.thresholds import Range, Table, Thresholds
+from arxtune.runtime.vllm_plugin import read_thresholds
 
 
 def thresholds(world: int = 2, dtype: str = "float32") -> Thresholds:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from arxtune.results import load_run
-from arxtune.thresholds import load
+from arxtune.harness.results import load_run
+from arxtune.runtime.thresholds import load
 from vllm_tier import vllm_env
 
 
@@ -51,17 +51,17 @@ def test_sweep_with_vllm_cpu_then_calibrate_against_it(tmp_path):
 
 
 def test_vllm_cpu_is_a_registered_backend():
-    from arxtune import backends
+    from arxtune.runtime import backends
 
-    assert backends.REGISTRY.get("vllm_cpu") == "arxtune.backends.vllm_cpu:VllmCpuBackend", \
-        'arxtune/backends/__init__.py REGISTRY needs "vllm_cpu": "arxtune.backends.vllm_cpu:VllmCpuBackend"'
+    assert backends.REGISTRY.get("vllm_cpu") == "arxtune.runtime.backends.vllm_cpu:VllmCpuBackend", \
+        'arxtune/backends/__init__.py REGISTRY needs "vllm_cpu": "arxtune.runtime.backends.vllm_cpu:VllmCpuBackend"'
 
 
 def test_vllm_cpu_names_its_reason_when_it_cannot_run():
     import torch
 
-    from arxtune.backends import BackendUnavailable, GroupContext
-    from arxtune.backends.vllm_cpu import VllmCpuBackend
+    from arxtune.runtime.backends import BackendUnavailable, GroupContext
+    from arxtune.runtime.backends.vllm_cpu import VllmCpuBackend
 
     for ctx, reason in ((GroupContext(0, 2, 0, torch.device("cuda", 0), None), "runs on CPU tensors"),
                         (GroupContext(0, 2, 0, torch.device("cpu"), None), "torch.distributed is not initialised")):

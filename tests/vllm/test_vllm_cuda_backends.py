@@ -11,7 +11,7 @@ import inspect
 import pytest
 import torch
 
-from arxtune.backends import BackendUnavailable, GroupContext, backend_class
+from arxtune.runtime.backends import BackendUnavailable, GroupContext, backend_class
 
 ADAPTERS = {
     "vllm_pynccl": ("vllm.distributed.device_communicators.pynccl", "PyNcclCommunicator", {"group", "device"}),

@@ -1,0 +1,107 @@
+"""Do two runs of the same grid make the same choices? (`arxtune compare RUN_A RUN_B`)
+
+Per point (op, dtype, mode, size measured in both runs) each run's choice
+comes from the measured decision rule (decision.py). The two agree when they
+choose the same backend, or backends whose pooled medians (both runs'
+samples together) are within `tolerance` of each other: either choice would
+then serve as well. Regret is what a run's choice costs when judged by the
+other run's medians: its time there over the fastest backend's, minus one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from arxtune.harness.decision import measured_winners
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.harness.results import Run
+
+DEFAULT_TOLERANCE = 0.05
+KEYS = ["op", "dtype", "mode", "nbytes"]
+
+
+@dataclass(frozen=True)
+class PointComparison:
+    op: str
+    dtype: str
+    mode: str
+    nbytes: int
+    choice_a: str
+    choice_b: str
+    pooled_ratio: float  # pooled median of choice_a over choice_b's
+    regret_a: float  # A's choice judged by B's medians
+    regret_b: float  # B's choice judged by A's medians
+    agree: bool
+
+
+@dataclass(frozen=True)
+class Comparison:
+    points: tuple[PointComparison, ...]
+    tolerance: float
+
+    @property
+    def agreement(self) -> float:
+        return sum(p.agree for p in self.points) / len(self.points)
+
+    @property
+    def same_choice(self) -> int:
+        return sum(p.choice_a == p.choice_b for p in self.points)
+
+    def regrets(self) -> np.ndarray:
+        return np.array([r for p in self.points for r in (p.regret_a, p.regret_b)])
+
+    def summary(self) -> str:
+        r = self.regrets()  # NaN where a choice has no result in the other run
+        p50, p90 = np.nanpercentile(r, [50, 90]) if np.isfinite(r).any() else (float("nan"),) * 2
+        return (f"{len(self.points)} points: agreement {self.agreement:.1%} ({sum(p.agree for p in self.points)} agree; "
+                f"{self.same_choice} same choice, others within {self.tolerance:.0%} by pooled medians); "
+                f"regret of a run's choice by the other's medians: p50 {p50:.1%}, p90 {p90:.1%}, max {np.nanmax(r) if np.isfinite(r).any() else float('nan'):.1%}")
+
+
+def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, str]:
+    choices = {}
+    for (op, dtype, mode), group in frame.groupby(["op", "dtype", "mode"], sort=False):
+        for nbytes, backend in measured_winners(group, baseline, margin):
+            choices[(op, dtype, mode, nbytes)] = backend
+    return choices
+
+
+def _medians(frame: pd.DataFrame) -> dict[tuple, float]:
+    return {(r.op, r.dtype, r.mode, r.nbytes, r.backend): r.median_us for r in frame.itertuples()}
+
+
+def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
+    samples: dict[tuple, list[float]] = {}
+    for record in a.records + b.records:
+        if record.status == "ok":
+            samples.setdefault((record.op, record.dtype, record.mode, record.nbytes, record.backend), []).extend(record.samples_us)
+    return {key: float(np.median(values)) for key, values in samples.items()}
+
+
+def _regret(choice: str, point: tuple, medians: dict[tuple, float]) -> float:
+    times = {key[-1]: t for key, t in medians.items() if key[:-1] == point}
+    return times[choice] / min(times.values()) - 1 if choice in times else float("nan")
+
+
+def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.05,
+                 tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
+    if baseline is None:
+        if a.meta.baseline != b.meta.baseline:
+            raise ArxtuneError(f"the runs have different baselines ({a.meta.baseline}, {b.meta.baseline}); pass --baseline")
+        baseline = a.meta.baseline
+    frame_a, frame_b = ((f[f.status == "ok"]) for f in (a.frame(), b.frame()))
+    choices_a, choices_b = _choices(frame_a, baseline, margin), _choices(frame_b, baseline, margin)
+    common = sorted(choices_a.keys() & choices_b.keys())
+    if not common:
+        raise ArxtuneError(f"runs {a.meta.run_id} and {b.meta.run_id} share no correct points; compare runs of the same grid")
+    medians_a, medians_b, pooled = _medians(frame_a), _medians(frame_b), _pooled_medians(a, b)
+    points = []
+    for point in common:
+        ca, cb = choices_a[point], choices_b[point]
+        ratio = pooled.get(point + (ca,), float("nan")) / pooled.get(point + (cb,), float("nan"))
+        agree = ca == cb or max(ratio, 1 / ratio) <= 1 + tolerance
+        points.append(PointComparison(*point, ca, cb, ratio, _regret(ca, point, medians_b), _regret(cb, point, medians_a), bool(agree)))
+    return Comparison(tuple(points), tolerance)

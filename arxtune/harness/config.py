@@ -1,0 +1,157 @@
+"""Sweep configuration: a typed dataclass, loaded from TOML, overridden by flags."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from arxtune.runtime.backends import OPS, names as backend_names
+from arxtune.runtime.ops import DTYPES
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.units import format_bytes, parse_bytes
+from arxtune.runtime.fileio import read_text
+
+MODES = ("eager", "isolated", "graph")
+#: Largest size a sweep may ask for: input and output of a rank must both fit on one device.
+MAX_BYTES_LIMIT = 16 << 30
+#: Most sizes on one grid; a step factor barely above 1 would otherwise ask for millions.
+MAX_GRID_SIZES = 200
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What to measure and how long to spend on it."""
+
+    backends: tuple[str, ...] = tuple(backend_names())
+    """Backends to try; ones that cannot run here are recorded with the reason."""
+    ops: tuple[str, ...] = OPS
+    """Collectives to time: all_reduce, all_gather, reduce_scatter."""
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    """Element types; int32 is also available."""
+    min_bytes: int = 1 << 10
+    """Smallest size (all_reduce: one rank's input; gathers: total bytes)."""
+    max_bytes: int = 16 << 20
+    """Largest size, inclusive."""
+    step_factor: float = 2.0
+    """Ratio between consecutive sizes on the geometric grid."""
+    modes: tuple[str, ...] = ("eager", "isolated", "graph")
+    """Timing views (timing.py): eager (back-to-back calls), isolated (one call, host cost included;
+    on CPU, one call right after the barrier) and graph (CUDA graphs, capturable backends only)."""
+    warmup_iters: int = 5
+    """Untimed calls before timing each point."""
+    rounds: int = 5
+    """Timing rounds per point, interleaved across backends; intervals come from the spread across rounds."""
+    min_iters: int = 10
+    """Fewest timed samples per point (over all rounds)."""
+    max_iters: int = 2000
+    """Most timed samples per point."""
+    point_budget_s: float = 0.25
+    """Time to spend sampling one point; the iteration count is chosen to fit it."""
+    timeout_s: float = 120.0
+    """Longest any collective or rendezvous may wait before the run fails."""
+    baseline: str | None = None
+    """Backend others must beat; default: nccl with CUDA tensors, else gloo."""
+    out: str = "results"
+    """Directory that receives one sub-directory per run."""
+    backend_options: dict = field(default_factory=dict)
+    """Per-backend options, e.g. {arx = {devices = ["rxe0"], max_bytes = "8MiB"}}."""
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.backends if b not in backend_names()]
+        if unknown:
+            raise ArxtuneError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(backend_names())}")
+        bad_ops = [o for o in self.ops if o not in OPS]
+        if bad_ops:
+            raise ArxtuneError(f"unknown op(s) {', '.join(bad_ops)}; known: {', '.join(OPS)}")
+        bad_dtypes = [d for d in self.dtypes if d not in DTYPES]
+        if bad_dtypes:
+            raise ArxtuneError(f"unknown dtype(s) {', '.join(bad_dtypes)}; known: {', '.join(DTYPES)}")
+        bad_modes = [m for m in self.modes if m not in MODES]
+        if bad_modes:
+            raise ArxtuneError(f"unknown mode(s) {', '.join(bad_modes)}; known: {', '.join(MODES)}")
+        if not (0 < self.min_bytes <= self.max_bytes):
+            raise ArxtuneError("min_bytes must be positive and not above max_bytes")
+        if self.max_bytes > MAX_BYTES_LIMIT:
+            raise ArxtuneError(f"max_bytes {format_bytes(self.max_bytes)} is above {format_bytes(MAX_BYTES_LIMIT)}; no device holds that")
+        if not (math.isfinite(self.step_factor) and self.step_factor > 1):
+            raise ArxtuneError("step_factor must be a number greater than 1, e.g. 2")
+        sizes = math.log(self.max_bytes / self.min_bytes) / math.log(self.step_factor) + 1
+        if sizes > MAX_GRID_SIZES:
+            raise ArxtuneError(f"step_factor {self.step_factor} gives {sizes:.0f} sizes (at most {MAX_GRID_SIZES}); use a larger step_factor")
+        if self.rounds < 1:
+            raise ArxtuneError("rounds must be at least 1 (5 or more gives intervals from the spread across rounds)")
+        if not (1 <= self.min_iters <= self.max_iters):
+            raise ArxtuneError("need 1 <= min_iters <= max_iters")
+        if not all(math.isfinite(v) and v > 0 for v in (self.point_budget_s, self.timeout_s)) or self.warmup_iters < 0:
+            raise ArxtuneError("point_budget_s and timeout_s must be positive numbers, warmup_iters not negative")
+        if not (self.backends and self.ops and self.dtypes and self.modes):
+            raise ArxtuneError("backends, ops, dtypes and modes must each name at least one entry")
+        if self.baseline is not None and self.baseline not in backend_names():
+            raise ArxtuneError(f"unknown baseline {self.baseline!r}; known: {', '.join(backend_names())}")
+        bad_options = [k for k, v in self.backend_options.items() if not isinstance(v, dict)]
+        if bad_options:
+            raise ArxtuneError(f"backend_options.{bad_options[0]} must be a table, e.g. {{arx = {{devices = [\"rxe0\"]}}}}")
+
+    def with_overrides(self, **overrides) -> "SweepConfig":
+        """A copy with the given fields replaced; None means 'keep'."""
+        return from_mapping({**self.to_dict(), **{k: v for k, v in overrides.items() if v is not None}})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_LIST_FIELDS = {"backends", "ops", "dtypes", "modes"}
+_SIZE_FIELDS = {"min_bytes", "max_bytes"}
+#: field -> (accepted Python types, what to write instead); lists and sizes are handled above these.
+_TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, float), "a number"),
+          "timeout_s": ((int, float), "a number"), "warmup_iters": ((int,), "a whole number"),
+          "min_iters": ((int,), "a whole number"), "max_iters": ((int,), "a whole number"), "rounds": ((int,), "a whole number"),
+          "baseline": ((str, type(None)), "a backend name"), "out": ((str,), "a directory path"),
+          "backend_options": ((dict,), "a table of per-backend tables")}
+
+
+def _coerce(key: str, value):
+    """One field's value in the type SweepConfig holds, or an ArxtuneError naming the key."""
+    if key in _LIST_FIELDS:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            raise ArxtuneError(f"bad config value: {key} must be a list of names, e.g. {key} = [\"a\", \"b\"]")
+        return tuple(v.strip() for v in items)
+    if key in _SIZE_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ArxtuneError(f"bad config value: {key} must be a size like 4096 or \"16MiB\"")
+        return parse_bytes(value)
+    types, expected = _TYPES[key]
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ArxtuneError(f"bad config value: {key} must be {expected}, not {value!r}")
+    return value
+
+
+def from_mapping(data: dict) -> SweepConfig:
+    if not isinstance(data, dict):
+        raise ArxtuneError("bad config: the sweep settings must be a table")
+    known = {f.name for f in fields(SweepConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ArxtuneError(f"unknown config key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return SweepConfig(**{key: _coerce(key, value) for key, value in data.items()})
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read a TOML sweep config; its [sweep] table (or top level) holds SweepConfig fields."""
+    path = Path(path)
+    if not path.exists():
+        raise ArxtuneError(f"config {path} not found; see configs/sweep/ for examples")
+    try:
+        data = tomllib.loads(read_text(path, "config"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ArxtuneError(f"config {path} is not valid TOML ({exc}); fix the file") from None
+    try:
+        return from_mapping(data.get("sweep", data))
+    except ArxtuneError as exc:
+        raise ArxtuneError(f"config {path}: {exc}") from None
+
+
+__all__ = ["SweepConfig", "load_config", "from_mapping", "parse_bytes", "format_bytes", "replace"]

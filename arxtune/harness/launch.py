@@ -1,0 +1,167 @@
+"""Start torchrun for the user, so `arxtune sweep` alone does the right thing.
+
+Without torchrun in the environment, `arxtune sweep` re-runs itself under
+`python -m torch.distributed.run` with one rank per GPU (2 ranks on CPU),
+forwarding its own arguments, and afterwards calibrates and plots the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime import env
+
+#: NVLink multicast stays off wherever arxtune launches ranks: it can take shared GPUs out of service.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How many processes where: one node by default, or a multi-node rendezvous."""
+
+    nproc_per_node: int | None = None
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "arxtune"
+
+    def resolved_nproc(self) -> int:
+        if self.nproc_per_node:
+            return self.nproc_per_node
+        if env.DEVICE.get().lower() != "cpu" and torch.cuda.is_available():
+            return max(1, torch.cuda.device_count())
+        return 2
+
+    def torchrun_args(self) -> list[str]:
+        args = ["--nproc-per-node", str(self.resolved_nproc())]
+        if self.nnodes == 1 and not self.rdzv_endpoint:
+            return ["--standalone", *args]
+        if not self.rdzv_endpoint:
+            raise ArxtuneError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        args += ["--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", self.rdzv_id]
+        if self.node_rank is not None:
+            args += ["--node-rank", str(self.node_rank)]
+        return args
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in SAFE_ENV.items():
+        env.setdefault(key, value)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+#: Rank lines the user sees as they come; errors are held back and said once at the end.
+ERROR_PREFIX = "arxtune: error: "
+RUN_PREFIX = "arxtune: run directory "
+#: The last line of a Python traceback: what actually went wrong in a rank.
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+#: How long torchrun gets to stop its ranks after an interrupt before it is killed.
+STOP_TIMEOUT_S = 30
+
+
+@dataclass
+class LaunchResult:
+    """What the ranks said, boiled down to what the parent reports."""
+
+    code: int
+    interrupted: bool = False
+    run_path: str = ""
+    errors: list[str] = field(default_factory=list)  # distinct "arxtune: error:" lines, in order
+    last_exception: str = ""  # the last traceback's final line, when no rank said an arxtune error
+    log_path: str = ""
+
+
+def _read_ranks_stderr(stream, log, result: LaunchResult) -> None:
+    """Keep torchrun's and the ranks' stderr in the log; pass on arxtune's own lines, each once."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # so they wake the main thread's wait
+    shown = set()
+    for line in stream:
+        log.write(line)
+        log.flush()
+        text = line.rstrip("\n")
+        if text.startswith(ERROR_PREFIX):
+            if text[len(ERROR_PREFIX):] not in result.errors:
+                result.errors.append(text[len(ERROR_PREFIX):])
+        elif text.startswith("arxtune: "):
+            if text.startswith(RUN_PREFIX):
+                result.run_path = text[len(RUN_PREFIX):]
+            if text not in shown:
+                shown.add(text)
+                print(text, file=sys.stderr, flush=True)
+        elif _EXCEPTION_LINE.match(text.strip()):
+            result.last_exception = text.strip()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid, found through /proc (torchrun starts each rank in a session of its own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        parent = int(text[text.rfind(")") + 2:].split()[1])
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL pid and everything below it, so no rank outlives the launcher holding its pipes."""
+    for victim in [pid, *_descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_under_torchrun(plan: LaunchPlan, arxtune_args: list[str]) -> LaunchResult:
+    """Run `python -m arxtune ARGS` on every rank; stderr goes to a log, arxtune's own lines to the user.
+
+    torchrun gets its own process group, so Ctrl-C reaches only this process, which forwards it
+    once and waits (bounded) for torchrun to stop its ranks.
+    """
+    command = [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), "-m", "arxtune", *arxtune_args]
+    log = tempfile.NamedTemporaryFile("w", prefix="arxtune-sweep-", suffix=".log", delete=False)
+    result = LaunchResult(code=0, log_path=log.name)
+    proc = subprocess.Popen(command, env=child_env(), stderr=subprocess.PIPE, text=True, errors="replace", process_group=0)
+    reader = threading.Thread(target=_read_ranks_stderr, args=(proc.stderr, log, result), daemon=True)
+    reader.start()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        result.code = proc.wait()
+    except KeyboardInterrupt:
+        result.interrupted = True
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        result.code = 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    reader.join(timeout=STOP_TIMEOUT_S)
+    log.close()
+    if result.code == 0 and not result.interrupted:
+        os.unlink(log.name)
+        result.log_path = ""
+    return result

@@ -1,0 +1,309 @@
+"""Run storage: one directory per run, a meta.json and an append-only points.csv.
+
+points.csv gets one line per measured point, flushed as soon as the point is
+done, so an interrupted sweep keeps every finished point and `--resume`
+continues it. Raw per-iteration samples (max across ranks) are stored, not
+only summaries, with the number of samples each timing round contributed
+(`round_iters`); summaries are derived on load.
+
+Format history:
+- version 1: meta.json + points.csv; one block of samples per point.
+- version 2: points.csv gains `round_iters`: samples come in rounds
+  interleaved across backends, and intervals come from the spread across
+  rounds. Version 1 runs are refused (their intervals are not comparable).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import pandas as pd
+
+from arxtune.runtime.ops import DTYPES, OP_SPECS
+from arxtune.harness.config import MODES
+from arxtune.runtime.errors import ArxtuneError, FormatError
+from arxtune.runtime.fileio import ensure_dir, read_text, write_text_atomic
+from arxtune.harness.stats import bandwidths, summarize
+
+FORMAT_VERSION = 2
+META_FILE = "meta.json"
+POINTS_FILE = "points.csv"
+POINT_COLUMNS = ["backend", "op", "dtype", "mode", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
+STATUSES = ("ok", "wrong", "error", "unsupported")
+#: points.csv of the largest sweeps stays far below this.
+POINTS_FILE_LIMIT = 1 << 30
+log = logging.getLogger("arxtune")
+SUMMARY_COLUMNS = ["rounds", "round_medians_us", "median_us", "p10_us", "p90_us", "p99_us", "ci_low_us", "ci_high_us", "unstable", "algbw_gbps", "busbw_gbps"]
+FRAME_COLUMNS = [c for c in POINT_COLUMNS if c not in ("samples_us", "round_iters")] + SUMMARY_COLUMNS
+
+
+@dataclass(frozen=True)
+class PointRecord:
+    """One (backend, op, dtype, mode, size) measurement as stored."""
+
+    backend: str
+    op: str
+    dtype: str
+    mode: str
+    size: int  # the grid size asked for
+    nbytes: int  # the bytes actually moved (rounded to whole elements per rank)
+    world_size: int
+    status: str  # ok | wrong (failed the check) | error (raised) | unsupported
+    samples_us: tuple[float, ...] = ()  # every round's samples, in order
+    error: str = ""
+    round_iters: tuple[int, ...] = ()  # samples per round; sums to len(samples_us)
+
+    @property
+    def key(self) -> tuple:
+        return (self.backend, self.op, self.dtype, self.mode, self.size)
+
+    def to_row(self) -> list:
+        return [self.backend, self.op, self.dtype, self.mode, self.size, self.nbytes, self.world_size,
+                self.status, len(self.samples_us), " ".join(map(str, self.round_iters)),
+                " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split())]
+
+
+@dataclass
+class RunMeta:
+    """Everything needed to interpret and reproduce a run."""
+
+    run_id: str
+    world_size: int
+    device_type: str
+    config: dict
+    baseline: str
+    started: str
+    version: int = FORMAT_VERSION
+    finished: str | None = None
+    arxtune_version: str = ""
+    torch_version: str = ""
+    nccl_version: str | None = None
+    driver_version: str | None = None  # NVIDIA driver on rank 0's host
+    rdma_devices: list[str] = field(default_factory=list)  # RDMA devices on rank 0's host
+    hostnames: list[str] = field(default_factory=list)
+    device_names: list[str] = field(default_factory=list)
+    backends: dict = field(default_factory=dict)  # name -> {"available": bool, "reason": str, "capturable": bool}
+    fabric_floor_us: float | None = None
+    command: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict, source: Path) -> "RunMeta":
+        if not isinstance(data, dict):
+            raise FormatError(f"{source}: meta.json must hold an object, not {type(data).__name__}; the run is corrupt")
+        version = data.get("version")
+        if version != FORMAT_VERSION:
+            raise FormatError(f"{source}: results format version {version!r} is not supported (this arxtune reads {FORMAT_VERSION}, "
+                              "samples timed in interleaved rounds); re-run the sweep with this arxtune")
+        try:
+            meta = cls(**data)
+        except TypeError as exc:
+            raise FormatError(f"{source}: meta.json does not match format {FORMAT_VERSION} ({exc}); the run is corrupt") from None
+        for f in fields(cls):
+            value = getattr(meta, f.name)
+            if not isinstance(value, _META_TYPES[f.name]) or isinstance(value, bool) and bool not in _META_TYPES[f.name]:
+                raise FormatError(f"{source}: meta.json field {f.name} has the wrong type ({value!r}); the run is corrupt")
+        if meta.world_size < 1 or not all(isinstance(v, str) for v in meta.hostnames + meta.device_names):
+            raise FormatError(f"{source}: meta.json has a bad world_size, hostnames or device_names; the run is corrupt")
+        return meta
+
+
+_NUMBER = (int, float)
+_META_TYPES = {"run_id": (str,), "world_size": (int,), "device_type": (str,), "config": (dict,), "baseline": (str,),
+               "started": (str,), "version": (int,), "finished": (str, type(None)), "arxtune_version": (str,),
+               "torch_version": (str,), "nccl_version": (str, type(None)), "hostnames": (list,), "device_names": (list,),
+               "backends": (dict,), "fabric_floor_us": (*_NUMBER, type(None)), "command": (str,),
+               "driver_version": (str, type(None)), "rdma_devices": (list,)}
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", "run metadata")
+
+
+class RunWriter:
+    """Appends points to a run directory as they finish. Only rank 0 uses it."""
+
+    def __init__(self, path: Path, meta: RunMeta, done: dict[tuple, PointRecord]):
+        self.path = path
+        self.meta = meta
+        self.done = done
+        self._file = open(path / POINTS_FILE, "a", newline="")
+        self._csv = csv.writer(self._file)
+
+    @classmethod
+    def create(cls, out_dir: str | Path, meta: RunMeta) -> "RunWriter":
+        """Make the run directory; it must not exist yet (mkdir is the lock two sweeps of one id race for)."""
+        path = ensure_dir(out_dir, "--out directory") / meta.run_id
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise RunExists(f"{path} already exists; pick another --run-id or continue it with --resume {path}") from None
+        except OSError as exc:
+            raise ArxtuneError(f"cannot create run directory {path} ({exc.strerror}); choose another --out") from None
+        with open(path / POINTS_FILE, "w", newline="") as handle:
+            csv.writer(handle).writerow(POINT_COLUMNS)
+        _write_json_atomic(path / META_FILE, asdict(meta))
+        return cls(path, meta, {})
+
+    @classmethod
+    def resume(cls, path: str | Path) -> "RunWriter":
+        """Reopen an interrupted run. Only a torn last line is cut (and said so); every complete line stays byte for byte."""
+        run = resumable(path)
+        if run.torn_line:
+            points = run.path / POINTS_FILE
+            os.truncate(points, points.stat().st_size - len(run.torn_line.encode("utf-8")))
+            log.warning("arxtune: %s: cut a torn last line (an interrupted write); that point is measured again", points)
+        return cls(run.path, run.meta, {record.key: record for record in run.records})
+
+    def append(self, record: PointRecord) -> None:
+        self.append_group([record])
+
+    def append_group(self, records: list[PointRecord]) -> None:
+        """The backends timed together at one point, written and flushed at once."""
+        self._csv.writerows(record.to_row() for record in records)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.done.update((record.key, record) for record in records)
+
+    def write_meta(self) -> None:
+        _write_json_atomic(self.path / META_FILE, asdict(self.meta))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class RunExists(ArxtuneError):
+    """The run directory is already there (another sweep of the same id, or an old run)."""
+
+
+@dataclass
+class Run:
+    path: Path
+    meta: RunMeta
+    records: list[PointRecord]
+    torn_line: str = ""  # an incomplete last line of points.csv (an interrupted write), not part of records
+
+    def frame(self) -> pd.DataFrame:
+        """One row per point with its summary statistics and bandwidths."""
+        return points_frame(self.records)
+
+
+def _parse_samples(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split()) if text else ()
+
+
+def _row_problem(record: PointRecord, iters: int, meta: RunMeta) -> str:
+    """Why a parsed row cannot be part of this run ('' when it can)."""
+    if meta.backends and record.backend not in meta.backends:
+        return f"backend {record.backend!r} is not one of the run's ({', '.join(meta.backends)})"
+    if record.op not in OP_SPECS or record.dtype not in DTYPES or record.mode not in MODES or record.status not in STATUSES:
+        return "unknown op, dtype, mode or status"
+    if record.size < 1 or record.nbytes < 1:
+        return "sizes must be positive"
+    if record.world_size != meta.world_size:
+        return f"world size {record.world_size} in a run of world size {meta.world_size}"
+    if iters != len(record.samples_us) or (record.status == "ok") != bool(record.samples_us):
+        return "sample count does not match"
+    if record.round_iters and (sum(record.round_iters) != iters or min(record.round_iters) < 1):
+        return "round sizes do not add up to the sample count"
+    if not all(math.isfinite(s) and s > 0 for s in record.samples_us):
+        return "samples must be positive, finite times"
+    return ""
+
+
+def _parse_row(row: list[str], where: str, meta: RunMeta) -> PointRecord:
+    """One points.csv line -> a validated PointRecord; anything off is a FormatError naming the line."""
+    if len(row) != len(POINT_COLUMNS):
+        raise FormatError(f"{where}: {len(row)} fields, expected {len(POINT_COLUMNS)}; the run is corrupt")
+    try:
+        backend, op, dtype, mode, size, nbytes, world, status, iters, round_iters, samples, error = row
+        record = PointRecord(backend, op, dtype, mode, int(size), int(nbytes), int(world), status, _parse_samples(samples), error,
+                             tuple(int(v) for v in round_iters.split()))
+        problem = _row_problem(record, int(iters), meta)
+    except ValueError as exc:
+        raise FormatError(f"{where}: {exc}; the run is corrupt") from None
+    if problem:
+        raise FormatError(f"{where}: {problem}; the run is corrupt")
+    return record
+
+
+def _read_points(points_path: Path, meta: RunMeta) -> tuple[list[PointRecord], str]:
+    """(records, torn last line). Only text after the last newline counts as torn; damage anywhere else is an error."""
+    text = read_text(points_path, "points file", POINTS_FILE_LIMIT)
+    cut = text.rfind("\n") + 1
+    complete, torn = text[:cut], text[cut:]
+    reader = csv.reader(io.StringIO(complete, newline=""), strict=True)
+    line = 1  # where the row being read starts: a quote left open is reported where it opened
+    try:
+        if next(reader, None) != POINT_COLUMNS:
+            raise FormatError(f"{points_path} has unexpected columns; the run is corrupt or from another version")
+        records, seen = [], set()
+        while (line := reader.line_num + 1) and (row := next(reader, None)) is not None:
+            record = _parse_row(row, f"{points_path}:{line}", meta)
+            if record.key in seen:
+                raise FormatError(f"{points_path}:{line}: point {record.key} appears twice; the run is corrupt")
+            seen.add(record.key)
+            records.append(record)
+    except csv.Error as exc:
+        raise FormatError(f"{points_path}:{line}: {exc}; the run is corrupt (only a torn last line may be cut)") from None
+    return records, torn
+
+
+def read_meta(path: str | Path) -> RunMeta:
+    """A run directory's meta.json alone, validated."""
+    meta_path = Path(path) / META_FILE
+    try:
+        return RunMeta.from_dict(json.loads(read_text(meta_path, "run metadata")), meta_path)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{meta_path} is not valid JSON ({exc}); the run is corrupt") from None
+    except FormatError:
+        raise
+    except ArxtuneError as exc:
+        raise FormatError(str(exc)) from None
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run directory; a missing, corrupt or unknown-version run is a FormatError."""
+    path = Path(path)
+    meta_path, points_path = path / META_FILE, path / POINTS_FILE
+    if not meta_path.is_file() or not points_path.is_file():
+        raise FormatError(f"{path} is not an arxtune run (needs {META_FILE} and {POINTS_FILE}); pass a directory under results/")
+    meta = read_meta(path)
+    try:
+        records, torn = _read_points(points_path, meta)
+    except FormatError:
+        raise
+    except ArxtuneError as exc:
+        raise FormatError(str(exc)) from None
+    if torn:
+        log.warning("arxtune: %s ends in a torn line (an interrupted write); it is ignored, and cut on --resume", points_path)
+    return Run(path, meta, records, torn)
+
+
+def resumable(path: str | Path) -> Run:
+    """The run at `path` if it can be continued: readable and not finished."""
+    run = load_run(path)
+    if run.meta.finished:
+        raise ArxtuneError(f"run {run.path} finished at {run.meta.finished}; nothing to resume (start a new sweep, or `arxtune calibrate {run.path}`)")
+    return run
+
+
+def points_frame(records: list[PointRecord]) -> pd.DataFrame:
+    rows = []
+    for r in records:
+        row = {k: v for k, v in asdict(r).items() if k not in ("samples_us", "round_iters")}
+        row["iters"] = len(r.samples_us)
+        if r.status == "ok" and r.samples_us:
+            s = summarize(r.samples_us, r.round_iters)
+            algbw, busbw = bandwidths(r.nbytes, s.median_us * 1e-6, OP_SPECS[r.op].bus_factor(r.world_size))
+            row.update(rounds=s.rounds, round_medians_us=s.round_medians_us,
+                       median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, p99_us=s.p99_us,
+                       ci_low_us=s.ci_low_us, ci_high_us=s.ci_high_us, unstable=s.unstable, algbw_gbps=algbw, busbw_gbps=busbw)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=FRAME_COLUMNS)

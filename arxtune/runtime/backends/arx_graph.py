@@ -1,0 +1,86 @@
+"""arxg: arx inside CUDA graphs (one-shot all-reduce, all-gather, reduce-scatter of CUDA tensors).
+
+The GPU side is two Triton kernels per call and the host side a proxy process
+per rank (arxtune.runtime.rdma.graph), so calls record into a CUDA graph and replay with
+new data; eager calls launch the same kernels. All-reduce is one-shot only: at
+two ranks one-shot is never slower than two-shot (one latency, the same bytes),
+and the two-box GB10 pair is the target.
+
+Options: ``[backends.arx]`` applies, ``[backends.arxg]`` overrides it (same keys,
+plus ``transport``: "auto", "shm" or "verbs"; auto = shared memory when every
+rank is on one host, else RDMA). Inputs up to ``max_bytes`` (all-gather: per rank).
+A wait that times out inside a kernel is raised by the next eager call, or by
+``check()`` after a graph replay has been synchronised.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.rdma import RdmaConfig, RdmaUnavailable, gloo_exchange
+from arxtune.runtime.backends.base import OPS, BackendUnavailable, GroupContext
+
+
+class ArxGraph:
+    name: ClassVar[str] = "arxg"
+    capturable: ClassVar[bool] = True
+    ops: ClassVar[tuple[str, ...]] = OPS
+
+    def __init__(self, ctx: GroupContext):
+        if ctx.device.type != "cuda":
+            raise BackendUnavailable("arxg runs CUDA tensors (its GPU side is Triton kernels); arx serves CPU tensors")
+        if not dist.is_initialized():
+            raise BackendUnavailable("torch.distributed is not initialised (run under torchrun)")
+        try:
+            import triton  # noqa: F401
+        except ImportError as exc:
+            raise BackendUnavailable(f"arxg needs Triton ({exc})") from exc
+        from arxtune.runtime.rdma.graph.gpu import GpuRank
+        from arxtune.runtime.rdma.graph.session import open_session
+
+        options = {**ctx.options_for("arx"), **ctx.options_for(self.name)}
+        transport = options.pop("transport", "auto")
+        exchange = gloo_exchange(ctx.cpu_group, ctx.world_size)
+        self.gpu, error = None, None
+        try:
+            self.cfg = RdmaConfig.resolve(options)
+            session = open_session(self.cfg, ctx.rank, ctx.world_size, exchange, transport)
+        except (RdmaUnavailable, ArxtuneError) as exc:
+            raise BackendUnavailable(str(exc)) from exc
+        try:
+            self.gpu = GpuRank(session, ctx.device)
+        except (RdmaUnavailable, RuntimeError) as exc:
+            session.close()
+            error = str(exc)
+        bad = [f"rank {r}: {e}" for r, e in enumerate(exchange(error)) if e]  # every rank ready, or none
+        if bad:
+            self.close()
+            raise BackendUnavailable("; ".join(bad))
+
+    def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
+        from arxtune.runtime.rdma.graph.gpu import DTYPES
+
+        per_slot = nbytes // self.gpu.s.world if op == "all_gather" else nbytes
+        return op in OPS and dtype in DTYPES and per_slot <= self.cfg.max_bytes
+
+    def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        self.gpu.all_reduce(inp, out)
+
+    def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        self.gpu.all_gather(inp, out)
+
+    def reduce_scatter(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        self.gpu.reduce_scatter(inp, out)
+
+    def check(self) -> None:
+        """Raise a failure recorded by the kernels or the proxy (call after synchronising)."""
+        self.gpu.check()
+
+    def close(self) -> None:
+        gpu, self.gpu = self.gpu, None
+        if gpu is not None:
+            gpu.close()

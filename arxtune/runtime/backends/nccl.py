@@ -1,0 +1,254 @@
+"""NCCL called directly (ctypes), out of place: the figures nccl-tests prints.
+
+torch.distributed's NCCL path costs ~28 us of host work per call on an H200
+host (Work objects, events, the watchdog), so back-to-back eager calls measure
+c10d rather than NCCL, and its all_reduce is in place (a copy first). This
+backend binds the libnccl that torch already loaded, makes its own communicator
+(the unique id travels over the run's gloo group) and launches each op with
+nothing in between: what a C caller, vLLM's PyNccl or nccl-tests sees.
+`torch_nccl` (torch_dist.py) keeps the c10d path for those who call it.
+
+Eager samples launch their calls from a small C loop (nccl_burst.c), as
+nccl-tests does: below a few MiB a call is bound by the host, and a Python
+call adds about a microsecond to NCCL's own enqueue. The loop also records the
+sample's two events (cuEventRecord), so the interval holds the launches and not
+the calls into and out of Python around them. Where the loop cannot be built
+(no C compiler), or with ARXTUNE_NCCL_LOOP=python, they launch from Python; the
+run's backend options say which (`eager_loop`, `eager_events`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import itertools
+import os
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from arxtune.runtime import native
+from arxtune.runtime.distributed import gather_objects
+from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime import env
+
+ENV_LIBRARY = env.NCCL_LIBRARY.name
+ENV_LOOP = env.NCCL_LOOP.name
+BURST_SOURCE = Path(__file__).with_name("nccl_burst.c")
+#: ncclDataType_t and ncclRedOp_t values from nccl.h (stable since NCCL 2.10).
+DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7,
+          torch.float64: 8, torch.bfloat16: 9}
+SUM = 0
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_byte * 128)]
+
+
+def _candidates() -> list[str]:
+    """The library torch loaded (found by soname once it is in the process), then the pip wheel's copy."""
+    found = [env.NCCL_LIBRARY.get()] if env.NCCL_LIBRARY.is_set() else []
+    found.append("libnccl.so.2")
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    return found + sorted(glob.glob(os.path.join(site, "nvidia", "nccl", "lib", "libnccl.so*")))
+
+
+class NcclLibrary:
+    """The few NCCL entry points a backend needs, with their C signatures."""
+
+    def __init__(self) -> None:
+        errors = []
+        for path in _candidates():
+            try:
+                self.lib = ctypes.CDLL(path)
+                break
+            except OSError as exc:
+                errors.append(f"{path}: {exc}")
+        else:
+            raise BackendUnavailable(f"cannot load libnccl ({'; '.join(errors)}); set {ENV_LIBRARY}=/path/to/libnccl.so.2")
+        vp, sz, i, comm = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
+        self._sig("ncclGetVersion", [ctypes.POINTER(ctypes.c_int)])
+        self._sig("ncclGetUniqueId", [ctypes.POINTER(UniqueId)])
+        self._sig("ncclCommInitRank", [ctypes.POINTER(comm), i, UniqueId, i])
+        self._sig("ncclCommDestroy", [comm])
+        self._sig("ncclAllReduce", [vp, vp, sz, i, i, comm, vp])
+        self._sig("ncclAllGather", [vp, vp, sz, i, comm, vp])
+        self._sig("ncclReduceScatter", [vp, vp, sz, i, i, comm, vp])
+        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+        self.lib.ncclGetErrorString.argtypes = [i]
+
+    def version(self) -> int:
+        """NCCL's version code (2.28.9 -> 22809)."""
+        code = ctypes.c_int()
+        self.check(self.lib.ncclGetVersion(ctypes.byref(code)), "ncclGetVersion")
+        return code.value
+
+    def path(self) -> str | None:
+        """The file the library was loaded from, as the process maps it (Linux), else None."""
+        try:
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps if "libnccl" in line and "/" in line}
+        except OSError:
+            return None
+        return paths.pop() if len(paths) == 1 else None
+
+    def _sig(self, name: str, argtypes: list) -> None:
+        fn = getattr(self.lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, argtypes
+
+    def check(self, rc: int, what: str) -> None:
+        if rc:
+            raise RuntimeError(f"{what} failed: NCCL error {rc} ({self.lib.ncclGetErrorString(rc).decode()})")
+
+
+@functools.lru_cache(maxsize=1)
+def launch_loop() -> tuple[object, str]:
+    """(the C loop's entry point or None, where eager calls launch from: "c" or "python (why)")."""
+    if env.NCCL_LOOP.get() == "python":
+        return None, f"python ({ENV_LOOP}=python)"
+    try:
+        fn = ctypes.CDLL(str(native.build(BURST_SOURCE))).arxtune_nccl_burst
+    except OSError as exc:
+        print(f"nccl: the C launch loop is unavailable ({exc}); eager calls launch from Python", file=sys.stderr)
+        return None, f"python (no C loop: {exc})"
+    vp = ctypes.c_void_p
+    fn.restype = ctypes.c_int
+    fn.argtypes = [vp, ctypes.c_int, vp, vp, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, vp, vp, ctypes.c_int,
+                   vp, vp, vp]
+    return fn, "c"
+
+
+@functools.lru_cache(maxsize=1)
+def event_record() -> tuple[ctypes.c_void_p | None, str]:
+    """(the driver's cuEventRecord, which takes torch's events and streams as they are, or None;
+    where eager samples record their events: "c" or "python (why)")."""
+    try:
+        return ctypes.cast(ctypes.CDLL("libcuda.so.1").cuEventRecord, ctypes.c_void_p), "c"
+    except (OSError, AttributeError) as exc:
+        return None, f"python (no cuEventRecord: {exc})"
+
+
+class Rotation:
+    """Calls of one op rotating through buffer pairs: one from Python per call(), or `repeat(n, start, end)`
+    launched back to back from the C loop (pair i % pairs for the i-th), between events `start` and `end`."""
+
+    def __init__(self, backend: "NcclBackend", op: str, ins: list[torch.Tensor], outs: list[torch.Tensor], loop) -> None:
+        self._next = itertools.cycle([backend.bind(op, i, o) for i, o in zip(ins, outs)]).__next__
+        fn, (_, _, count, dtype, *reduction, comm) = backend._arguments(op, ins[0], outs[0])
+        pairs = len(ins)
+        self._head = (ctypes.cast(fn, ctypes.c_void_p), int(bool(reduction)),
+                      (ctypes.c_void_p * pairs)(*[t.data_ptr() for t in ins]),
+                      (ctypes.c_void_p * pairs)(*[t.data_ptr() for t in outs]), pairs, count, dtype,
+                      reduction[0] if reduction else SUM, comm)
+        self._loop, self._backend, self._name = loop, backend, f"nccl {op}"
+        self.repeat = self._launch_from_c if loop is not None else None  # None: the timer loops over call()
+
+    def __call__(self) -> None:
+        self._next()()
+
+    def _launch_from_c(self, calls: int, start: torch.cuda.Event | None = None,
+                       end: torch.cuda.Event | None = None) -> None:
+        """`calls` launches; with events, `start` and `end` are recorded around them, from C where libcuda allows."""
+        b = self._backend
+        timed = start is not None and end is not None
+        record = event_record()[0] if timed else None
+        handles = (None, None)
+        if record is not None:
+            for event in (start, end):
+                if not event.cuda_event:
+                    event.record()  # torch creates an event at its first record
+            handles = (start.cuda_event, end.cuda_event)
+        elif timed:
+            start.record()
+        rc = self._loop(*self._head, b._stream(b.device_index), calls, record, *handles)
+        if timed and record is None:
+            end.record()
+        if rc < 0:
+            raise RuntimeError(f"{self._name}: cuEventRecord failed: CUDA error {-rc}")
+        if rc:
+            b.nccl.check(rc, self._name)
+
+
+class NcclBackend:
+    name = "nccl"
+    capturable = True
+    device_type = "cuda"
+    ops: ClassVar[tuple[str, ...]] = ("all_reduce", "all_gather", "reduce_scatter")
+
+    def __init__(self, ctx: GroupContext):
+        if ctx.device.type != "cuda":
+            raise BackendUnavailable(f"nccl runs on CUDA tensors; this run uses {ctx.device.type}")
+        if not dist.is_initialized():
+            raise BackendUnavailable("torch.distributed is not initialised")
+        self.nccl = NcclLibrary()
+        uid = UniqueId()
+        rank, world = dist.get_rank(ctx.cpu_group), dist.get_world_size(ctx.cpu_group)
+        if rank == 0:
+            self.nccl.check(self.nccl.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+        root_id = gather_objects(bytes(uid.internal), ctx.cpu_group)[0]  # group rank 0's id, whatever the group
+        ctypes.memmove(uid.internal, root_id, len(uid.internal))
+        self.comm = ctypes.c_void_p()
+        with torch.cuda.device(ctx.device):
+            self.nccl.check(self.nccl.lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank),
+                            "ncclCommInitRank")
+        self.device_index = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
+        self._stream = torch._C._cuda_getCurrentRawStream  # the raw cudaStream_t of the current (or capturing) stream
+        lib = self.nccl.lib
+        #: op -> (entry point, whether it takes a reduction, whether its count is the output's)
+        self._entries = {"all_reduce": (lib.ncclAllReduce, True, False), "all_gather": (lib.ncclAllGather, False, False),
+                         "reduce_scatter": (lib.ncclReduceScatter, True, True)}
+
+    def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
+        return dtype in DTYPES
+
+    def _arguments(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> tuple:
+        """The entry point of `op` and its arguments on these buffers, all but the stream."""
+        fn, reduces, counts_output = self._entries[op]
+        count = (out if counts_output else inp).numel()
+        return fn, (inp.data_ptr(), out.data_ptr(), count, DTYPES[inp.dtype], *((SUM,) if reduces else ()), self.comm)
+
+    def _launch(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> None:
+        fn, args = self._arguments(op, inp, out)
+        rc = fn(*args, self._stream(self.device_index))
+        if rc:
+            self.nccl.check(rc, f"nccl {op}")
+
+    def bind(self, op: str, inp: torch.Tensor, out: torch.Tensor):
+        """The op on these buffers as a zero-argument call: only the stream is looked up per call."""
+        fn, (src, dst, count, *rest) = self._arguments(op, inp, out)
+        head = (ctypes.c_void_p(src), ctypes.c_void_p(dst), ctypes.c_size_t(count), *rest)  # converted once
+        stream, index, nccl, name = self._stream, self.device_index, self.nccl, f"nccl {op}"
+
+        def call() -> None:
+            rc = fn(*head, stream(index))
+            if rc:
+                nccl.check(rc, name)
+
+        return call
+
+    def bind_rotation(self, op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> Rotation:
+        """Calls of `op` rotating through these buffer pairs, with `repeat(n, start, end)` for a C loop of n launches."""
+        return Rotation(self, op, ins, outs, launch_loop()[0])
+
+    def effective_options(self) -> dict:
+        loop = launch_loop()[1]
+        return {"eager_loop": loop, "eager_events": event_record()[1] if loop == "c" else "python"}
+
+    def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        self._launch("all_reduce", inp, out)
+
+    def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        self._launch("all_gather", inp, out)
+
+    def reduce_scatter(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        self._launch("reduce_scatter", inp, out)
+
+    def close(self) -> None:
+        if self.comm:
+            torch.cuda.synchronize(self.device_index)
+            self.nccl.lib.ncclCommDestroy(self.comm)
+            self.comm = ctypes.c_void_p()

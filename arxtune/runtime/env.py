@@ -1,0 +1,66 @@
+"""Every ARXTUNE_* environment variable, declared once with its meaning.
+
+Code reads a variable only through its declaration here (`THRESHOLDS.get()`),
+so `arxtune doctor`, the docs and a test can list them all. Every variable
+must be the same on every rank of a group.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    default: str
+    meaning: str
+
+    def get(self, environ: Mapping[str, str] | None = None) -> str:
+        """The value with surrounding blanks removed; the default when unset or blank."""
+        value = (os.environ if environ is None else environ).get(self.name, "").strip()
+        return value or self.default
+
+    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
+        return bool((os.environ if environ is None else environ).get(self.name, "").strip())
+
+
+VARIABLES: dict[str, Variable] = {}
+
+
+def _declare(name: str, default: str, meaning: str) -> Variable:
+    variable = Variable(name, default, meaning)
+    VARIABLES[name] = variable
+    return variable
+
+
+# -- the runtime: which file, how it is trusted, what is overridden
+THRESHOLDS = _declare("ARXTUNE_THRESHOLDS", "", "the thresholds file the communicator and the vLLM plugin load "
+                      "(default ~/.config/arxtune/thresholds.json, where `arxtune calibrate RUN --install` writes)")
+OVERRIDES = _declare("ARXTUNE_OVERRIDES", "", "ranges laid over the calibrated tables: OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, "
+                     "items separated by ',' or ';'")
+FINGERPRINT = _declare("ARXTUNE_FINGERPRINT", "warn", "warn: name what differs from the run a file was measured on and use it; "
+                       "strict: fall back to the baseline instead")
+EXTRA_BACKENDS = _declare("ARXTUNE_EXTRA_BACKENDS", "", "site backends added to the registry: name=package.module:Class, ...")
+# -- the vLLM plugin
+VLLM_DISABLE = _declare("ARXTUNE_VLLM_DISABLE", "", "1: the plugin installs nothing and vLLM keeps its own communicator")
+VLLM_LOG = _declare("ARXTUNE_VLLM_LOG", "info", "what the plugin logs: info (start-up line and warnings), calls (also one "
+                    "line per TP call), warning, error")
+# -- devices and native code
+DEVICE = _declare("ARXTUNE_DEVICE", "", "cpu: use CPU tensors even where GPUs exist")
+NCCL_LIBRARY = _declare("ARXTUNE_NCCL_LIBRARY", "", "the libnccl.so the nccl backend binds (default: the one torch loaded)")
+NCCL_LOOP = _declare("ARXTUNE_NCCL_LOOP", "c", "python: launch nccl's eager samples from Python instead of its C loop")
+ARXG_NATIVE = _declare("ARXTUNE_ARXG_NATIVE", "1", "0: arxg's proxy steps in Python instead of its C loop")
+# -- the arx RDMA transport (arxtune.runtime.rdma.config)
+RDMA_DEVICES = _declare("ARXTUNE_RDMA_DEVICES", "", "RDMA devices to use, comma-separated (default: every active RoCE v2 port)")
+RDMA_PORT = _declare("ARXTUNE_RDMA_PORT", "", "the RDMA device port (default 1)")
+RDMA_GID_INDEX = _declare("ARXTUNE_RDMA_GID_INDEX", "", "the GID index (default: the port's RoCE v2 IPv4 GID)")
+RDMA_MAX_BYTES = _declare("ARXTUNE_RDMA_MAX_BYTES", "", "the largest message the pre-registered buffers hold")
+RDMA_TIMEOUT_S = _declare("ARXTUNE_RDMA_TIMEOUT_S", "", "how long an RDMA wait lasts before it is an error")
+
+
+def describe() -> list[str]:
+    """'NAME=value (meaning)' for every variable that is set, for doctor and bug reports."""
+    return [f"{v.name}={os.environ[v.name]!r} ({v.meaning})" for v in VARIABLES.values() if v.is_set()]

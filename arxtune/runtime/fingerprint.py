@@ -1,0 +1,53 @@
+"""What a group runs on: recorded by sweeps, compared at start-up by the runtime.
+
+Cheap facts only (no pyverbs, no NVML): the host name, the device name, the
+NVIDIA driver version from /proc, and the RDMA device names from sysfs.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import torch
+
+from arxtune.runtime.thresholds import Fingerprint
+
+NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
+RDMA_CLASS_DIR = Path("/sys/class/infiniband")
+
+
+def driver_version() -> str | None:
+    """The NVIDIA kernel driver's version, e.g. '580.95.05'; None without the driver."""
+    try:
+        first = NVIDIA_VERSION_FILE.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    words = [w for w in first.split() if w[:1].isdigit() and "." in w]
+    return words[0] if words else None
+
+
+def rdma_devices() -> list[str]:
+    try:
+        return sorted(p.name for p in RDMA_CLASS_DIR.iterdir())
+    except OSError:
+        return []
+
+
+def host_facts(device: torch.device) -> dict:
+    """This rank's host: name, device, driver, RDMA devices."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"hostname": socket.gethostname(), "device": name, "driver": driver_version(), "rdma_devices": rdma_devices()}
+
+
+def nccl_version(device: torch.device) -> str | None:
+    return ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None
+
+
+def running_fingerprint(world_size: int, device: torch.device, hosts: list[dict]) -> Fingerprint:
+    """The fingerprint of a running group from every rank's host_facts()."""
+    return Fingerprint(
+        world_size=world_size, device_type=device.type, hostnames=tuple(h["hostname"] for h in hosts),
+        device_names=tuple(h["device"] for h in hosts), driver_version=hosts[0].get("driver"),
+        torch_version=torch.__version__, nccl_version=nccl_version(device),
+        rdma_devices=tuple(sorted({d for h in hosts for d in h.get("rdma_devices", [])})))

@@ -1,0 +1,82 @@
+"""The shared-memory proxy's hot loop, compiled from serve_shm.c on first use.
+
+A Python loop costs the proxy microseconds a step (bytecode, ctypes, dict
+lookups) where its work, a flag store per peer, takes nanoseconds; the C loop
+polls and stores without the interpreter. It is built by arxtune/native.py. Where no compiler
+works, the proxy keeps its Python loop and says why once. `ARXTUNE_ARXG_NATIVE=0` keeps the Python loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from arxtune.runtime import native as _native
+from arxtune.runtime.rdma.protocol import Layout
+from arxtune.runtime.rdma.graph.segment import BELLS, DESC, DOORBELL, PARTS, SENT, Segment
+from arxtune.runtime import env
+
+ENV_SWITCH = env.ARXG_NATIVE.name
+SOURCE = Path(__file__).with_name("serve_shm.c")
+MAX_FLAGS = 16  # ARXG_MAX_FLAGS in serve_shm.c: peers a step can reach
+IDLE, MISS = 0, 1
+TABLE_SIZE = 256  # planned (op, bytes, slot) keys kept at once; a full table starts over
+SPINS_BEFORE_YIELD = 200_000
+PARENT_CHECK_NS = 500_000_000
+
+
+class Step(ctypes.Structure):
+    _fields_ = [("op", ctypes.c_int64), ("nbytes", ctypes.c_int64), ("slot", ctypes.c_int64), ("nflags", ctypes.c_int64),
+                ("flags", ctypes.c_int64 * MAX_FLAGS)]
+
+
+def build() -> Path:
+    """The compiled loop's path, compiling it if this source has not been built here. Raises OSError."""
+    return _native.build(SOURCE)
+
+
+def load():
+    """The loop's entry point, or None (with the reason on stderr) where it cannot be built."""
+    if env.ARXG_NATIVE.get() == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"arxg: the proxy's C loop is unavailable ({exc}); using the Python loop", file=sys.stderr)
+        return None
+    fn = lib.arxg_serve_shm
+    i64 = ctypes.c_int64
+    fn.restype = i64
+    fn.argtypes = [ctypes.c_void_p, i64, i64, i64, i64, i64, i64, ctypes.POINTER(Step), i64, i64, i64, ctypes.POINTER(i64)]
+    return fn
+
+
+def serve(fn, seg: Segment, fabric, plan_step, parent: int) -> None:
+    """Run the C loop until the parent dies; plan each new (op, bytes, slot) in Python as it first appears.
+
+    `plan_step(key)` gives (op name, [(peer, src offset, dst offset, bytes)]); each write
+    becomes the address of its peer's flag word, once."""
+    L: Layout = seg.layout
+    table, used = (Step * TABLE_SIZE)(), 0
+    miss = (ctypes.c_int64 * 3)()
+    while True:
+        rc = fn(seg.address, DOORBELL, DESC, PARTS, BELLS, SENT, L.slots, table, used, SPINS_BEFORE_YIELD, PARENT_CHECK_NS,
+                miss)
+        if rc == IDLE:
+            if os.getppid() != parent:
+                return
+            continue
+        key = (int(miss[0]), int(miss[1]), int(miss[2]))
+        _, writes = plan_step(key)
+        if len(writes) > MAX_FLAGS:
+            raise ValueError(f"arxg: a step of {len(writes)} writes exceeds the C loop's {MAX_FLAGS}")
+        if used == TABLE_SIZE:
+            used = 0
+        entry = table[used]
+        entry.op, entry.nbytes, entry.slot, entry.nflags = key[0], key[1], key[2], len(writes)
+        for i, (peer, *_) in enumerate(writes):
+            entry.flags[i] = fabric.flag_address(peer, key[2])
+        used += 1

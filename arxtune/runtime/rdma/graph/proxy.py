@@ -1,0 +1,232 @@
+"""The proxy process of one rank: answers the doorbell in its segment by posting writes.
+
+Why a process: a proxy thread inside the inference process shares its GIL, and
+a handshake then costs ~1 ms; a separate process answers in microseconds. It is
+started with a fresh interpreter (no CUDA state inherited), dies with its parent
+(it checks the parent pid while idle; PR_SET_PDEATHSIG would fire when the
+*thread* that started it exits, which kills proxies started from a worker
+thread), and reports a
+failure in the segment's error word, where the GPU kernels and the rank see it.
+
+Set-up talks to the parent over stdin/stdout, one pickled message a line: the
+transport's set-up exchanges go to the parent, which relays them over its gloo
+group (`ProxyHandle.start`), so the proxy needs no rendezvous of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import os
+import pickle
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
+from arxtune.runtime.rdma.protocol import Layout
+from arxtune.runtime.rdma.graph import native
+from arxtune.runtime.rdma.graph.plan import plan
+from arxtune.runtime.rdma.graph.segment import BELLS, DESC, DOORBELL, ERR_PROXY_FAILED, MAX_PARTS, OP_NAMES, PARTS, READY, SENT, Segment
+
+_IDLE_SPINS = 20_000  # then yield the CPU at every poll (more spinners than cores must not starve)
+_PARENT_CHECK_S = 0.5
+
+
+@dataclass(frozen=True)
+class ProxyArgs:
+    """Everything the proxy needs, sent as its first line."""
+
+    segment: str
+    layout: tuple[int, int, int, int]  # Layout(world, slots, slot_bytes, ndev)
+    rank: int
+    world: int
+    transport: str  # "shm" or "verbs"
+    rdma_config: object = None  # RdmaConfig for "verbs"
+
+
+def _send(stream, obj) -> None:
+    stream.write(base64.b64encode(pickle.dumps(obj)) + b"\n")
+    stream.flush()
+
+
+def _recv(stream):
+    line = stream.readline()
+    if not line:
+        raise EOFError("the other side closed the pipe")
+    return pickle.loads(base64.b64decode(line))
+
+
+# ---- the proxy process ------------------------------------------------------------
+def _open_transport(args: ProxyArgs, seg: Segment, exchange):
+    if args.transport == "shm":
+        from arxtune.runtime.rdma.graph.fabric import open_fabric
+
+        return open_fabric(seg, args.rank, args.world, exchange)
+    if args.transport == "verbs":
+        from arxtune.runtime.rdma.connection import open_transport
+
+        return open_transport(args.rdma_config, args.rank, args.world, exchange, buf=seg.data_tensor())
+    raise RdmaUnavailable(f"arxg: unknown transport {args.transport!r}; use 'shm' or 'verbs'")
+
+
+def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
+    """Answer doorbells until the parent dies. Every staged step is sent, in order, once all its parts have rung.
+
+    The hot path is a few dict lookups and the transport's puts: each (op, bytes, slot)
+    is planned once, with the offsets of that slot already added."""
+    ctrl, L = seg.control, seg.layout
+    doorbell, sent = _word(seg, DOORBELL), _word(seg, SENT)
+    bells = [_word(seg, BELLS + p) for p in range(MAX_PARTS)]
+    steps: dict[tuple[int, int, int], tuple] = {}  # (op code, bytes, slot) -> (op name, puts)
+    idle = _Idle(parent)
+    done = sent.value
+    while True:
+        rung = doorbell.value
+        if rung == done:
+            if idle():
+                return
+            continue
+        idle.reset()
+        for seq in range(done + 1, rung + 1):
+            step = seq - 1
+            slot = L.slot(step)
+            for bell in bells[1 : min(int(ctrl[PARTS + slot]), MAX_PARTS)]:
+                while bell.value < seq:
+                    if idle():
+                        return
+                idle.reset()
+            key = (int(ctrl[DESC + 2 * slot]), int(ctrl[DESC + 2 * slot + 1]), slot)
+            entry = steps.get(key)
+            if entry is None:
+                entry = steps[key] = _plan_step(key, L, rank, world)
+            op, puts = entry
+            transport.begin(step, op)
+            for peer, src, dst, nbytes in puts:
+                transport.put(step, peer, src, dst, nbytes, op)
+            transport.wait_sends(step, op)
+            sent.value = seq
+        done = rung
+
+
+class _Idle:
+    """Called on every idle poll: spins, then yields the CPU, and says True once the parent has died."""
+
+    def __init__(self, parent: int):
+        self.parent, self.polls, self.last_check = parent, 0, time.monotonic()
+
+    def reset(self) -> None:
+        self.polls = 0
+
+    def __call__(self) -> bool:
+        self.polls += 1
+        if self.polls <= _IDLE_SPINS:
+            return False
+        os.sched_yield()
+        now = time.monotonic()
+        if now - self.last_check > _PARENT_CHECK_S:
+            self.last_check = now
+            return os.getppid() != self.parent
+        return False
+
+
+def _word(seg: Segment, index: int) -> ctypes.c_int64:
+    """A control word as a ctypes view: reading .value costs less than indexing a numpy array."""
+    return ctypes.c_int64.from_address(seg.address + 8 * index)
+
+
+def _plan_step(key: tuple[int, int, int], L: Layout, rank: int, world: int) -> tuple[str, list[tuple[int, int, int, int]]]:
+    code, nbytes, slot = key
+    op = OP_NAMES.get(code, "unknown")
+    staging, inbox = L.staging(slot), L.inbox(slot, rank)
+    return op, [(w.peer, staging + w.src_offset, inbox, w.nbytes) for w in plan(op, nbytes, rank, world)]
+
+
+def main() -> int:
+    parent = os.getppid()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write to the message pipe
+    args: ProxyArgs = _recv(stdin)
+    seg = Segment(args.segment, Layout(*args.layout))
+
+    def exchange(obj):
+        _send(stdout, ("exchange", obj))
+        return _recv(stdin)
+
+    try:
+        transport = _open_transport(args, seg, exchange)
+    except (RdmaUnavailable, RdmaError, ValueError, OSError) as exc:
+        _send(stdout, ("error", str(exc)))
+        return 1
+    fast = native.load() if args.transport == "shm" else None  # built before "ready": set-up's timeout covers it
+    seg.control[READY] = os.getpid()
+    _send(stdout, ("ready", None))
+    try:
+        if fast is not None:
+            native.serve(fast, seg, transport, lambda key: _plan_step(key, seg.layout, args.rank, args.world), parent)
+        else:
+            serve(seg, transport, args.rank, args.world, parent)
+    except Exception as exc:  # any failure must reach the rank through the segment, not vanish
+        peer = getattr(exc, "peer", None)
+        seg.set_error(ERR_PROXY_FAILED, -1 if peer is None else peer, int(seg.control[SENT]) + 1,
+                      f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        transport.close()
+    return 0
+
+
+# ---- the parent's side ----------------------------------------------------------
+class ProxyHandle:
+    """The running proxy of this rank, seen from the rank."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    @classmethod
+    def start(cls, args: ProxyArgs, exchange, timeout_s: float) -> ProxyHandle:
+        """Start the proxy, relay its set-up exchanges through `exchange`, return once it serves.
+
+        Raises RdmaUnavailable with the proxy's reason, or RdmaTimeout if it stays silent."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen([sys.executable, "-m", "arxtune.runtime.rdma.graph.proxy"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env)
+        handle = cls(proc)
+        try:
+            _send(proc.stdin, args)
+            while True:
+                ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+                if not ready:
+                    raise RdmaTimeout(f"arxg: the proxy said nothing for {timeout_s:g} s during set-up", op="connect")
+                try:
+                    kind, payload = _recv(proc.stdout)
+                except EOFError:
+                    raise RdmaUnavailable(f"arxg: the proxy exited during set-up (code {proc.wait()}); "
+                                          "its error is on stderr above") from None
+                if kind == "ready":
+                    return handle
+                if kind == "error":
+                    raise RdmaUnavailable(payload)
+                _send(proc.stdin, exchange(payload))
+        except BaseException:
+            handle.close()
+            raise
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

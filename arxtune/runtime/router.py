@@ -1,0 +1,271 @@
+"""The runtime's one router: (op, dtype, bytes, capturing?) -> backend, for the communicator and the vLLM plugin.
+
+Start-up (`open_router`) turns a thresholds file into per-mode tables for this
+world size: the `graph` table while a CUDA graph is being captured, the
+`eager` table otherwise (a mode the file lacks borrows the other's, and the
+start-up line says so). Explicit overrides are laid over the calibrated
+ranges. Backends are opened with the options the file recorded, and a range
+resolves to None (the caller's own path) when its backend is native to the
+caller, could not start, does not implement the op, or cannot be captured
+in the graph table. Per call: one dict get, one bisect, the backend's
+`supports()` (its capacity) and a counter.
+
+Overrides: ARXTUNE_OVERRIDES, the same on every rank, items separated by ','
+or ';', each `OP[/DTYPE][@MODE]:LO-[HI]=BACKEND`, sizes in bytes or with a unit,
+LO inclusive, HI exclusive (empty = no limit), e.g.
+`all_reduce:0-64KiB=arx; all_gather/bfloat16@graph:1MiB-=nccl`.
+
+Fingerprint: ARXTUNE_FINGERPRINT=strict makes a file measured on something
+other than the running group (hosts, devices, driver, torch, NCCL, RDMA
+devices) fall back to the baseline for every calibrated range; the default
+(`warn`) names the differences in the start-up line and uses the file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from arxtune.runtime.backends import GroupContext
+from arxtune.runtime.backends.startup import gather_objects, open_backends
+from arxtune.runtime.ops import DTYPES, OPS
+from arxtune.runtime.units import format_bytes, parse_bytes
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.fingerprint import host_facts, running_fingerprint
+from arxtune.runtime.thresholds import MODES, Range, Thresholds, merge_adjacent
+from arxtune.runtime import env
+
+ENV_OVERRIDES = env.OVERRIDES.name
+ENV_FINGERPRINT = env.FINGERPRINT.name
+_OVERRIDE = re.compile(r"(?P<op>\w+)(?:/(?P<dtype>\w+))?(?:@(?P<mode>\w+))?:(?P<lo>[^-=]*)-(?P<hi>[^=]*)=(?P<backend>[\w.-]+)")
+
+
+@dataclass(frozen=True)
+class Override:
+    """Force `backend` for [lo, hi) bytes of `op` (every dtype / both modes when None)."""
+
+    op: str
+    lo: int
+    hi: int | None
+    backend: str
+    dtype: str | None = None
+    mode: str | None = None
+
+    def describe(self) -> str:
+        where = self.op + (f"/{self.dtype}" if self.dtype else "") + (f"@{self.mode}" if self.mode else "")
+        return f"{where} [{format_bytes(self.lo)}, {'inf' if self.hi is None else format_bytes(self.hi)}) -> {self.backend}"
+
+
+def parse_overrides(text: str) -> tuple[Override, ...]:
+    """ARXTUNE_OVERRIDES' value -> overrides; anything unreadable is one ArxtuneError naming the item."""
+    found = []
+    for item in filter(None, (part.strip() for part in re.split(r"[,;]", text or ""))):
+        match = _OVERRIDE.fullmatch(item.replace(" ", ""))
+        if not match:
+            raise ArxtuneError(f"{ENV_OVERRIDES}: cannot read {item!r}; write OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, e.g. all_reduce:0-64KiB=arx")
+        g = match.groupdict()
+        try:
+            lo, hi = parse_bytes(g["lo"] or 0), (parse_bytes(g["hi"]) if g["hi"] else None)
+        except ArxtuneError as exc:
+            raise ArxtuneError(f"{ENV_OVERRIDES}: {item!r}: {exc}") from None
+        if g["op"] not in OPS or (g["dtype"] and g["dtype"] not in DTYPES) or (g["mode"] and g["mode"] not in MODES):
+            raise ArxtuneError(f"{ENV_OVERRIDES}: {item!r} names an unknown op, dtype or mode (ops {', '.join(OPS)}; modes {', '.join(MODES)})")
+        if hi is not None and hi <= lo:
+            raise ArxtuneError(f"{ENV_OVERRIDES}: {item!r} is an empty range")
+        found.append(Override(g["op"], lo, hi, g["backend"], g["dtype"], g["mode"]))
+    return tuple(found)
+
+
+def overlay(ranges: tuple[Range, ...], lo: int, hi: int | None, backend: str) -> tuple[Range, ...]:
+    """`ranges` with [lo, hi) given to `backend` (source 'override'); still covers 0..inf without gaps."""
+    out: list[Range] = []
+    for r in ranges:
+        if r.lo < lo:
+            out.append(Range(r.lo, lo if r.hi is None or r.hi > lo else r.hi, r.backend, r.source))
+        if hi is not None and (r.hi is None or r.hi > hi):
+            out.append(Range(max(r.lo, hi), r.hi, r.backend, r.source))
+    out.append(Range(lo, hi, backend, "override"))
+    out.sort(key=lambda r: r.lo)
+    return merge_adjacent(out)
+
+
+def mode_tables(thresholds: Thresholds | None, world: int, overrides: tuple[Override, ...] = ()) -> tuple[dict, list[str]]:
+    """{(mode, op, dtype name): ranges} for one world size, a missing mode borrowing the other's, overrides laid over.
+
+    Also the notes on what was borrowed, for the start-up line.
+    """
+    own = {(t.mode, t.op, t.dtype): t.ranges for t in (thresholds.tables if thresholds else ()) if t.world_size == world}
+    keys = {(op, dtype) for _, op, dtype in own}
+    keys |= {(o.op, d) for o in overrides for d in ([o.dtype] if o.dtype else DTYPES)}
+    baseline = thresholds.baseline if thresholds else ""
+    tables, borrowed = {}, Counter()
+    for op, dtype in keys:
+        for mode in MODES:
+            other = MODES[1 - MODES.index(mode)]
+            ranges = own.get((mode, op, dtype))
+            if ranges is None and (other, op, dtype) in own:
+                ranges = own[(other, op, dtype)]
+                borrowed[(mode, other)] += 1
+            ranges = ranges or (Range(0, None, baseline),)
+            for o in overrides:
+                if o.op == op and o.dtype in (None, dtype) and o.mode in (None, mode):
+                    ranges = overlay(ranges, o.lo, o.hi, o.backend)
+            tables[(mode, op, dtype)] = ranges
+    notes = [f"{mode} uses {other}'s table for {n} (op, dtype)" for (mode, other), n in sorted(borrowed.items())]
+    return tables, notes
+
+
+class Router:
+    """Per call: the backend for (op, dtype, bytes) in the current mode, or None for the caller's own path.
+
+    `calls` counts every call by (op, backend name), `fallback` naming the caller's path.
+    """
+
+    def __init__(self, routes: dict, fallback: str, capturing: Callable[[], bool] | None = None):
+        self._routes = routes  # (mode, op, torch dtype) -> (range starts after the first, [(backend, name) or None])
+        self.fallback = fallback
+        self._capturing = capturing
+        self.calls: Counter = Counter()
+
+    @property
+    def takes_anything(self) -> bool:
+        """Whether any range goes to a backend other than the caller's own path."""
+        return any(choice is not None for _, choices in self._routes.values() for choice in choices)
+
+    def mode(self) -> str:
+        return "graph" if self._capturing is not None and self._capturing() else "eager"
+
+    def pick(self, op: str, dtype: torch.dtype, nbytes: int):
+        """The backend object for this call, or None (the caller's own path); counted either way."""
+        entry = self._routes.get((self.mode(), op, dtype))
+        choice = None
+        if entry is not None:
+            starts, choices = entry
+            choice = choices[bisect.bisect_right(starts, nbytes)]
+            if choice is not None and not choice[0].supports(op, dtype, nbytes):
+                choice = None
+        if choice is None:
+            self.calls[(op, self.fallback)] += 1
+            return None
+        self.calls[(op, choice[1])] += 1
+        return choice[0]
+
+    def count(self, op: str, name: str | None = None) -> None:
+        """A call served elsewhere (e.g. a reduce-scatter along dim 1 only the caller's path can do)."""
+        self.calls[(op, name or self.fallback)] += 1
+
+
+def resolve(tables: dict, opened: dict, native: Callable[[str], bool]) -> dict:
+    """Range names -> (backend, name), or None where the caller's own path serves the call."""
+    def usable(name: str, op: str, mode: str):
+        backend = opened.get(name)
+        if native(name) or backend is None or op not in getattr(backend, "ops", OPS):
+            return None
+        if mode == "graph" and not getattr(backend, "capturable", False):
+            return None
+        return (backend, name)
+
+    return {(mode, op, DTYPES[dtype]): ([r.lo for r in ranges[1:]], [usable(r.backend, op, mode) for r in ranges])
+            for (mode, op, dtype), ranges in tables.items()}
+
+
+def _spans(ranges: tuple[Range, ...], choices: list) -> list[tuple[int, int | None, str]]:
+    """(lo, hi, backend) of the ranges a backend takes, neighbours with the same backend joined."""
+    spans: list[list] = []
+    for r, choice in zip(ranges, choices):
+        if choice is None:
+            continue
+        if spans and spans[-1][1] == r.lo and spans[-1][2] == choice[1]:
+            spans[-1][1] = r.hi
+        else:
+            spans.append([r.lo, r.hi, choice[1]])
+    return [tuple(span) for span in spans]
+
+
+@dataclass
+class Opened:
+    """What start-up decided: the router, the backends it opened, its one line and the problems to warn about."""
+
+    router: Router
+    backends: dict
+    line: str
+    problems: list[str]
+
+    def close(self) -> None:
+        for backend in self.backends.values():
+            backend.close()
+        self.backends = {}
+
+
+def _fingerprint_check(thresholds: Thresholds, ctx: GroupContext) -> tuple[str, bool]:
+    """(what the start-up line says, whether the file was measured on something else)."""
+    run_ids = sorted({t.run_id for t in thresholds.tables if t.world_size == ctx.world_size and thresholds.run(t.run_id)})
+    if not run_ids:
+        return "fingerprint not recorded", False
+    running = running_fingerprint(ctx.world_size, ctx.device, gather_objects(host_facts(ctx.device), ctx.cpu_group))
+    differ = []
+    for run_id in run_ids:
+        run = thresholds.run(run_id)
+        found = run.fingerprint.differences(running) if run else []
+        if found:
+            differ.append(f"run {run_id}: {', '.join(found)}")
+    if not differ:
+        return f"fingerprint matches run {', '.join(run_ids)}", False
+    return "fingerprint differs (" + "; ".join(differ) + ")", True
+
+
+def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str, native: Callable[[str], bool],
+                capturing: Callable[[], bool] | None = None, also_open: tuple[str, ...] = (),
+                overrides: tuple[Override, ...] | None = None) -> Opened:
+    """Open what the file (and the overrides) name for this group and build the router.
+
+    `native(name)`: whether the caller serves that backend's ranges itself (its
+    baseline); `also_open`: backends the caller needs opened besides (e.g. the
+    communicator's baseline). `overrides` default to ARXTUNE_OVERRIDES', whose
+    bad value raises ArxtuneError (the same on every rank).
+    """
+    if overrides is None:
+        overrides = parse_overrides(env.OVERRIDES.get())
+    strict = env.FINGERPRINT.get().lower() == "strict"
+    problems, parts = [], []
+    if thresholds is not None:
+        status, mismatch = _fingerprint_check(thresholds, ctx)
+        if mismatch and strict:
+            status += f"; {ENV_FINGERPRINT}=strict: no calibrated range is used"
+            problems.append(status)
+            thresholds = None
+        elif mismatch:
+            status += f"; used anyway ({ENV_FINGERPRINT}=strict falls back instead)"
+    else:
+        status = "fingerprint: no file"
+    tables, notes = mode_tables(thresholds, ctx.world_size, overrides)
+    setup = thresholds.backend_setup if thresholds else {}
+    named = {r.backend for ranges in tables.values() for r in ranges}
+    wanted = sorted(n for n in named if not native(n) and n not in also_open) + list(also_open)
+    options = {**ctx.options, **{name: s.options for name, s in setup.items()}}
+    opened, opened_status = open_backends(wanted, GroupContext(ctx.rank, ctx.world_size, ctx.local_rank, ctx.device,
+                                                                ctx.cpu_group, ctx.device_group, options))
+    for name, state in opened_status.items():
+        if not state["available"]:
+            problems.append(f"{name} cannot start ({state['reason']})")
+    counts = Counter(mode for mode, _, _ in tables)
+    parts.append("tables " + ", ".join(f"{m} {counts.get(m, 0)}" for m in MODES) + (f" ({'; '.join(notes)})" if notes else ""))
+    capacity = []
+    for name, state in sorted(opened_status.items()):
+        for op, limit in sorted(state.get("capacity", {}).items()):
+            recorded = setup.get(name).capacity.get(op) if name in setup else None
+            capacity.append(f"{name} {op}<={format_bytes(limit)}" + (f" (file measured {format_bytes(recorded)})" if recorded not in (None, limit) else ""))
+    parts.append("capacity " + (", ".join(capacity) or "unlimited"))
+    parts.append(status)
+    parts.append("overrides " + ("; ".join(o.describe() for o in overrides) if overrides else f"none (${ENV_OVERRIDES})"))
+    routes = resolve(tables, opened, native)
+    taken = [f"{mode} {op}/{dtype} [{format_bytes(lo)}, {'inf' if hi is None else format_bytes(hi)}) -> {name}"
+             for (mode, op, dtype), ranges in sorted(tables.items())
+             for lo, hi, name in _spans(ranges, routes[(mode, op, DTYPES[dtype])][1])]
+    parts.append("takes " + ("; ".join(taken) if taken else "nothing"))
+    return Opened(Router(routes, fallback, capturing), opened, ", ".join(parts), problems)

@@ -1,0 +1,139 @@
+"""arxg on a GPU (make test-gpu): two ranks over the shared-memory fabric on one GPU.
+
+Two pairings: two GPU ranks in this process on two streams (each with its own
+segment and proxy), and a GPU rank with a CPU stand-in rank in another process.
+Graphs are captured once and replayed with new inputs each replay; every result
+is checked bit for bit and across ranks. Skips without a GPU (CI has none).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+from arxtune.runtime.ops import OP_SPECS, expected_output, make_input
+from arxtune.runtime.rdma.config import RdmaConfig
+from arxtune.runtime.rdma.errors import RdmaTimeout
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+ROOT = Path(__file__).resolve().parents[2]
+STANDIN = ROOT / "tests" / "helpers" / "arxg_standin.py"
+SALTS = 7
+
+
+def _pair(world: int, timeout_s: float = 20.0):
+    from helpers.arxg_cpu_rank import RanksOnOneGpu
+
+    return RanksOnOneGpu(world, RdmaConfig(max_bytes=1 << 20, timeout_s=timeout_s))
+
+
+def _capture(fn) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g
+
+
+@pytest.mark.parametrize("op,dtype,n,replays,chain", [
+    ("all_reduce", torch.bfloat16, 8192, 10_000, 1),  # 16 KiB
+    ("all_reduce", torch.bfloat16, 8192, 1000, 10),  # a rank runs ahead of its peer through both slots
+    ("all_reduce", torch.float32, 250_000, 200, 1),  # many programs per kernel, 1 MB
+    ("all_gather", torch.int32, 1000, 1000, 1),
+    ("reduce_scatter", torch.float16, 4096, 1000, 3),
+])
+def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype, n, replays, chain):
+    """Each replay runs a chain of `chain` calls per rank on the same buffers: the last call's output is checked."""
+    world, dev = 2, torch.device("cuda", 0)
+    pair = _pair(world)
+    try:
+        inputs = [[make_input(op, n, r, world, dtype, dev, s) for s in range(SALTS)] for r in range(world)]
+        refs = [[expected_output(op, n, r, world, dtype, s).to(dev) for s in range(SALTS)] for r in range(world)]
+        ins = [torch.empty_like(inputs[r][0]) for r in range(world)]
+        outs = [torch.empty(OP_SPECS[op].shapes(n, world)[1], dtype=dtype, device=dev) for _ in range(world)]
+        for r in range(world):
+            ins[r].copy_(inputs[r][0])
+        g = _capture(lambda: pair.collective(op, ins, outs, chain))
+        for i in range(replays):
+            s = i % SALTS
+            for r in range(world):
+                ins[r].copy_(inputs[r][s])
+                outs[r].fill_(-1)
+            g.replay()
+            ok = all(torch.equal(outs[r], refs[r][s]) for r in range(world))
+            if op == "all_reduce":
+                ok = ok and torch.equal(outs[0], outs[1])
+            if not ok:
+                pair.check()
+                pytest.fail(f"replay {i}: wrong result ({op}, {dtype})")
+        pair.check()
+    finally:
+        pair.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_gpu_rank_with_a_cpu_standin_then_the_standin_is_killed():
+    from arxtune.runtime.rdma.graph.gpu import GpuRank
+    from arxtune.runtime.rdma.graph.session import open_session, store_exchange
+
+    op, dtype, n, calls, world, dev = "all_reduce", torch.bfloat16, 8192, 2000, 2, torch.device("cuda", 0)
+    port = _free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, world, True, timeout=timedelta(seconds=60),
+                                       wait_for_workers=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    peer = subprocess.Popen([sys.executable, str(STANDIN), str(port), "1", str(world), op, "bfloat16", str(n),
+                             str(calls + 1000), str(SALTS), "3"], stdout=subprocess.PIPE, text=True, env=env)
+    gpu = None
+    try:
+        gpu = GpuRank(open_session(RdmaConfig(max_bytes=1 << 20, timeout_s=3.0), 0, world,
+                                   store_exchange(store, 0, world), "shm"), dev)
+        inputs = [make_input(op, n, 0, world, dtype, dev, s) for s in range(SALTS)]
+        refs = [expected_output(op, n, 0, world, dtype, s).to(dev) for s in range(SALTS)]
+        inp, out = inputs[0].clone(), torch.empty_like(inputs[0])
+        gpu.all_reduce(inp, out)  # eager call: compiles, and is step 0 of the stand-in's salt 0
+        torch.cuda.synchronize()
+        assert torch.equal(out, refs[0])
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            gpu.all_reduce(inp, out)
+        for i in range(1, calls):
+            inp.copy_(inputs[i % SALTS])
+            g.replay()
+            assert torch.equal(out, refs[i % SALTS]), f"replay {i}"
+        gpu.check()
+        peer.kill()  # the peer dies in the middle of its calls
+        peer.wait(timeout=10)
+        start = time.monotonic()
+        inp.copy_(inputs[calls % SALTS])
+        g.replay()
+        g.replay()
+        torch.cuda.synchronize()  # returns: the kernels gave up waiting
+        assert time.monotonic() - start < 15
+        with pytest.raises(RdmaTimeout, match="rank 1 sent nothing") as info:
+            gpu.check()
+        assert info.value.peer == 1 and info.value.op == "all_reduce"
+    finally:
+        peer.kill()
+        if gpu is not None:
+            Path(gpu.s.segment.path[:-1] + "1").unlink(missing_ok=True)  # a killed peer leaves its segment
+            gpu.close()

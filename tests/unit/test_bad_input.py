@@ -1,0 +1,214 @@
+"""Bad input, by class: one line, a non-zero exit, no hang and nothing already written lost."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from arxtune.runtime.backends import parse_extra
+from arxtune.cli import app
+from arxtune.runtime.communicator import read_thresholds
+from arxtune.harness.config import load_config
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.fileio import read_text, write_text_atomic
+from arxtune.harness.results import POINT_COLUMNS, POINTS_FILE
+
+runner = CliRunner()
+
+
+def one_line_error(*args) -> str:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("arxtune: error:"), result.output
+    return lines[0]
+
+
+def _fifo(tmp_path, name="pipe.json") -> Path:
+    path = tmp_path / name
+    os.mkfifo(path)
+    return path
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+# Hangs: special files are refused at once, never read.
+
+@pytest.mark.timeout(20)
+def test_special_files_are_refused_without_blocking(crossover_run, tmp_path):
+    fifo = _fifo(tmp_path)
+    assert "not a regular file" in one_line_error("show", fifo)
+    assert "not a regular file" in one_line_error("show", "/dev/zero")
+    assert "not a regular file" in one_line_error("plot", crossover_run.path, "--thresholds", fifo)
+    assert "not a regular file" in one_line_error("sweep", "--config", fifo)
+    thresholds, _, why = read_thresholds(2, fifo)  # what Communicator.from_env(FIFO) reads through
+    assert thresholds is None and "not a regular file" in why
+
+
+def test_large_and_binary_files_are_refused(tmp_path):
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * 2000)
+    with pytest.raises(ArxtuneError, match="larger than"):
+        read_text(big, "thresholds file", limit=1000)
+    binary = tmp_path / "t.json"
+    binary.write_bytes(b'{"kind": "\xff"}')
+    assert "not UTF-8" in one_line_error("show", binary)
+
+
+# Tracebacks: malformed configs, runs and environment are one line each.
+
+@pytest.mark.parametrize("body, needle", [
+    (b"[sweep]\nbackends = 5\n", "backends must be a list of names"),
+    (b"[sweep]\ntimeout_s = nan\n", "timeout_s must be positive"),
+    (b"[sweep]\nstep_factor = nan\n", "step_factor must be a number greater than 1"),
+    (b"[sweep]\nstep_factor = 1.000001\n", "at most 200"),
+    (b"[sweep]\nmax_bytes = '4096GiB'\n", "above 16GiB"),
+    (b"[sweep]\nbackend_options = 'arx'\n", "backend_options must be a table"),
+    (b"[sweep]\nbackend_options = {arx = 3}\n", "backend_options.arx must be a table"),
+    (b"[sweep]\nwarmup_iters = true\n", "warmup_iters must be a whole number"),
+    (b"[sweep]\nbaseline = 'unknown'\n", "unknown baseline"),
+    (b"sweep = 5\n", "must be a table"),
+    (b"[sweep]\nops = ['all_reduce\xff']\n", "not UTF-8"),
+])
+def test_bad_configs_are_one_line(tmp_path, body, needle):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(body)
+    with pytest.raises(ArxtuneError, match=needle):
+        load_config(path)
+    assert needle.split()[0] in one_line_error("sweep", "--config", path)
+
+
+def test_a_directory_given_as_a_config(tmp_path):
+    assert "is a directory" in one_line_error("sweep", "--config", tmp_path)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--step-factor", "nan"], "step_factor must be a number"),
+    (["--step-factor", "1.000001"], "sizes (at most 200)"),
+    (["--max-bytes", "4096GiB"], "above 16GiB"),
+])
+def test_bad_sweep_flags_are_refused_before_launching(tmp_path, monkeypatch, flags, needle):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    assert needle in one_line_error("sweep", *flags, "--out", tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_out_that_cannot_hold_runs(tmp_path, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "file").write_text("keep")
+    assert "is a file, not a directory" in one_line_error("sweep", "--out", tmp_path / "file")
+    assert "cannot create --out directory /proc/x" in one_line_error("sweep", "--out", "/proc/x")
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("meta list", "must hold an object"),
+    ("meta binary", "not UTF-8"),
+    ("points binary", "not UTF-8"),
+    ("nan sample", "samples must be positive"),
+    ("zero sample", "samples must be positive"),
+])
+def test_corrupt_runs_are_one_line_for_every_command(crossover_run, damage, needle):
+    path = crossover_run.path
+    if damage == "meta list":
+        (path / "meta.json").write_text("[1, 2]")
+    elif damage == "meta binary":
+        (path / "meta.json").write_bytes(b'{"version": "\xff"}')
+    elif damage == "points binary":
+        with open(path / POINTS_FILE, "ab") as handle:
+            handle.write(b"\xff\xfe\n")
+    else:
+        lines = (path / POINTS_FILE).read_text().splitlines()
+        fields = lines[3].split(",")
+        samples = fields[POINT_COLUMNS.index("samples_us")].split()
+        samples[7] = "nan" if damage == "nan sample" else "0.000"
+        fields[POINT_COLUMNS.index("samples_us")] = " ".join(samples)
+        lines[3] = ",".join(fields)
+        (path / POINTS_FILE).write_text("\n".join(lines) + "\n")
+    before = _snapshot(path)
+    for command in (["show", path], ["calibrate", path], ["plot", path]):
+        assert needle in one_line_error(*command)
+    assert _snapshot(path) == before
+
+
+# Outputs: refused before any work, written whole or not at all, no .tmp left behind.
+
+@pytest.mark.parametrize("command", ["calibrate", "plot"])
+def test_bad_out_paths_are_refused_and_leave_nothing(crossover_run, tmp_path, command):
+    name = "t.json" if command == "calibrate" else "p.png"
+    (tmp_path / "file").write_text("keep")
+    (tmp_path / "dir.png").mkdir()
+    before = _snapshot(crossover_run.path)
+    assert "is a directory" in one_line_error(command, crossover_run.path, "--out", tmp_path / "dir.png")
+    assert "is a file, not a directory" in one_line_error(command, crossover_run.path, "--out", tmp_path / "file" / name)
+    assert "cannot create" in one_line_error(command, crossover_run.path, "--out", f"/proc/x/{name}")
+    assert (tmp_path / "file").read_text() == "keep"
+    assert _snapshot(crossover_run.path) == before
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_no_tmp(tmp_path, monkeypatch):
+    target = tmp_path / "t.json"
+    target.write_text("old")
+
+    def no_space(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(ArxtuneError, match="No space left"):
+        write_text_atomic(target, "new", "thresholds file")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["t.json"]
+
+
+# Accepted when it should be refused.
+
+def test_calibrate_refuses_bad_settings_before_writing(crossover_run):
+    for args, needle in ((["--export", "xml"], "unknown --export"), (["--margin", "nan"], "--margin must be a number"),
+                         (["--baseline", "unknown"], "baseline 'unknown' was not measured")):
+        assert needle in one_line_error("calibrate", crossover_run.path, *args)
+        assert not (crossover_run.path / "thresholds.json").exists()
+
+
+def test_extra_backends_from_the_environment():
+    extra, problems = parse_extra("mine=pkg.mod:Cls, gloo=pkg.mod:Other,junk,also=nomodule")
+    assert extra == {"mine": "pkg.mod:Cls"}
+    assert problems == ["'gloo' is already a backend; pick another name", "'junk' must look like name=package.module:Class",
+                        "'also=nomodule' must look like name=package.module:Class"]
+
+
+def test_a_malformed_extra_backends_variable_breaks_only_sweep(crossover_run):
+    env = {**os.environ, "ARXTUNE_EXTRA_BACKENDS": "gloo=x.y:Z,junk"}
+    env.pop("RANK", None)
+    sweep = subprocess.run([sys.executable, "-m", "arxtune", "sweep"], env=env, capture_output=True, text=True, timeout=60)
+    assert sweep.returncode == 2 and sweep.stderr.splitlines() == [
+        "arxtune: error: ARXTUNE_EXTRA_BACKENDS: 'gloo' is already a backend; pick another name; "
+        "'junk' must look like name=package.module:Class; fix or unset it"]
+    show = subprocess.run([sys.executable, "-m", "arxtune", "show", crossover_run.path], env=env, capture_output=True, text=True, timeout=60)
+    assert show.returncode == 0, show.stderr
+
+
+def test_resume_refuses_before_launching(crossover_run, tmp_path, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    path = crossover_run.path
+    assert "nothing to resume" in one_line_error("sweep", "--resume", path)
+    meta = json.loads((path / "meta.json").read_text())
+    meta["finished"], meta["config"] = None, {"colour": "blue"}
+    (path / "meta.json").write_text(json.dumps(meta))
+    before = _snapshot(path)
+    assert "has a config this arxtune cannot use (unknown config key(s) colour" in one_line_error("sweep", "--resume", path)
+    meta["config"] = {"step_factor": 2.0}
+    (path / "meta.json").write_text(json.dumps(meta))
+    assert "drop --run-id" in one_line_error("sweep", "--resume", path, "--run-id", "x")
+    assert "drop --max-bytes (the run has 16777216)" in one_line_error("sweep", "--resume", path, "--max-bytes", "1MiB")
+    meta["config"] = {"colour": "blue"}
+    (path / "meta.json").write_text(json.dumps(meta))
+    assert _snapshot(path) == before

@@ -1,0 +1,200 @@
+import json
+import os
+
+import pytest
+
+from arxtune.runtime.errors import ArxtuneError, FormatError
+from arxtune.harness.results import POINT_COLUMNS, POINTS_FILE, PointRecord, RunExists, RunMeta, RunWriter, load_run
+from arxtune.harness.sweep import new_run_id
+
+from helpers.runs import make_run
+
+ITERS, ROUNDS, SAMPLES = (POINT_COLUMNS.index(c) for c in ("iters", "round_iters", "samples_us"))
+
+
+def _meta(run_id="r1"):
+    return RunMeta(run_id=run_id, world_size=2, device_type="cpu", config={}, baseline="gloo", started="now")
+
+
+def test_round_trip_keeps_raw_samples(tmp_path):
+    writer = RunWriter.create(tmp_path, _meta())
+    record = PointRecord("gloo", "all_reduce", "float32", "eager", 1024, 1024, 2, "ok", (1.5, 2.25, 3.0))
+    writer.append(record)
+    writer.append(PointRecord("gloo", "all_gather", "float32", "eager", 1024, 1024, 2, "wrong", (), "rank 1: bad"))
+    writer.close()
+    run = load_run(tmp_path / "r1")
+    assert run.records[0] == record
+    frame = run.frame()
+    assert frame.loc[0, "median_us"] == pytest.approx(2.25)
+    assert frame.loc[1, "status"] == "wrong" and frame.loc[1, "error"] == "rank 1: bad"
+
+
+def test_torn_last_line_is_cut_on_resume_and_every_complete_line_kept(tmp_path, caplog):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048], backends=("gloo",), finished=False)
+    points = run.path / POINTS_FILE
+    kept = points.read_bytes()
+    with open(points, "a") as handle:
+        handle.write("gloo,all_reduce,float32,eager,4096,40")  # interrupted mid-write
+    writer = RunWriter.resume(run.path)
+    assert "cut a torn last line" in caplog.text
+    assert points.read_bytes() == kept
+    assert set(writer.done) == {("gloo", "all_reduce", "float32", "eager", 1024), ("gloo", "all_reduce", "float32", "eager", 2048)}
+    writer.append(PointRecord("gloo", "all_reduce", "float32", "eager", 4096, 4096, 2, "ok", (1.0,)))
+    writer.close()
+    assert points.read_bytes().startswith(kept)
+    assert [r.size for r in load_run(run.path).records] == [1024, 2048, 4096]
+
+
+def test_damage_before_the_last_line_is_an_error_and_resume_changes_nothing(tmp_path):
+    """A stray quote six lines before the end must not make the loader drop the rest as 'torn'."""
+    run = make_run(tmp_path, lambda b, n: 10.0, [1 << k for k in range(10, 20)], backends=("gloo",), finished=False)
+    points = run.path / POINTS_FILE
+    lines = points.read_bytes().split(b"\r\n")
+    lines[-7] = lines[-7].replace(b",eager,", b',"eager,', 1)
+    damaged = b"\r\n".join(lines)
+    points.write_bytes(damaged)
+    with pytest.raises(FormatError, match=r"points.csv:6: unexpected end of data; .*only a torn last line may be cut"):
+        load_run(run.path)
+    with pytest.raises(FormatError):
+        RunWriter.resume(run.path)
+    assert points.read_bytes() == damaged
+
+
+def test_an_oversized_field_mid_file_is_one_error(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048, 4096], backends=("gloo",))
+    points = run.path / POINTS_FILE
+    lines = points.read_text().splitlines()
+    lines[2] = lines[2] + '"' + "x" * 200_000 + '"'
+    points.write_text("\n".join(lines) + "\n")
+    with pytest.raises(FormatError, match="points.csv:3"):
+        load_run(run.path)
+
+
+def test_a_finished_run_is_not_resumed(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    before = (run.path / "meta.json").read_bytes()
+    with pytest.raises(ArxtuneError, match="nothing to resume"):
+        RunWriter.resume(run.path)
+    assert (run.path / "meta.json").read_bytes() == before
+
+
+def test_a_taken_run_directory_is_never_reused(tmp_path):
+    RunWriter.create(tmp_path, _meta()).close()
+    with pytest.raises(RunExists, match="already exists"):
+        RunWriter.create(tmp_path, _meta())
+    with pytest.raises(ArxtuneError, match="is a file"):
+        RunWriter.create(tmp_path / "r1" / POINTS_FILE, _meta("r2"))
+
+
+def test_run_ids_of_sweeps_started_together_differ():
+    assert len({new_run_id(2, "cpu") for _ in range(200)}) == 200
+
+
+def test_unknown_version_is_one_clear_error(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    meta = json.loads((run.path / "meta.json").read_text())
+    meta["version"] = 99
+    (run.path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(FormatError, match="version 99 is not supported"):
+        load_run(run.path)
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("header", "unexpected columns"),
+    (",ok,->,maybe,", "points.csv:3: unknown op, dtype, mode or status"),
+    (",float32,->,float99,", "points.csv:3: unknown op"),
+    (",2048,2048,->,-2048,-2048,", "points.csv:3: sizes must be positive"),
+    (",2,ok,->,3,ok,", "points.csv:3: world size 3"),
+    ("gloo,->ghost,", "points.csv:3: backend 'ghost'"),
+    ("fields", f"points.csv:3: {len(POINT_COLUMNS) - 1} fields"),
+    ("samples nan", "points.csv:3: samples must be positive"),
+    ("samples inf", "points.csv:3: samples must be positive"),
+    ("samples 0", "points.csv:3: samples must be positive"),
+    ("ok without samples", "points.csv:3: sample count"),
+    ("duplicate", "points.csv:4: point .* appears twice"),
+])
+def test_corrupt_points_are_rejected_naming_the_line(tmp_path, damage, needle):
+    """Line 3 is a real middle line (header, 1024, 2048, 4096): damage there must never be dropped silently."""
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048, 4096], backends=("gloo",))
+    points = run.path / POINTS_FILE
+    lines = points.read_text().splitlines()
+    fields = lines[2].split(",")
+    if damage == "header":
+        lines[0] = "what,is,this"
+    elif "->" in damage:
+        old, new = damage.split("->")
+        assert old in lines[2]
+        lines[2] = lines[2].replace(old, new, 1)
+    elif damage == "fields":
+        lines[2] = ",".join(fields[:-1])
+    elif damage.startswith("samples "):
+        fields[SAMPLES] = fields[SAMPLES].replace(fields[SAMPLES].split()[5], damage.split()[1], 1)
+        lines[2] = ",".join(fields)
+    elif damage == "ok without samples":
+        fields[ITERS], fields[ROUNDS], fields[SAMPLES] = "0", "", ""
+        lines[2] = ",".join(fields)
+    else:
+        lines[3] = lines[2]
+    points.write_text("\n".join(lines) + "\n")
+    with pytest.raises(FormatError, match=needle):
+        load_run(run.path)
+
+
+@pytest.mark.parametrize("meta_text, needle", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must hold an object"),
+    ("world_size two", "world_size has the wrong type"),
+    ("hostnames 5", "hostnames has the wrong type"),
+])
+def test_corrupt_meta_is_rejected(tmp_path, meta_text, needle):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    meta = json.loads((run.path / "meta.json").read_text())
+    if meta_text.startswith("world_size"):
+        meta["world_size"] = "two"
+        meta_text = json.dumps(meta)
+    elif meta_text.startswith("hostnames"):
+        meta["hostnames"] = 5
+        meta_text = json.dumps(meta)
+    (run.path / "meta.json").write_text(meta_text)
+    with pytest.raises(FormatError, match=needle):
+        load_run(run.path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "binary", "directory"])
+def test_unreadable_run_files_are_one_error_and_never_block(tmp_path, kind):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    target = run.path / POINTS_FILE
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "binary":
+        target.write_bytes(b"backend\xff\xfe\n")
+    else:
+        target.mkdir()
+    with pytest.raises(FormatError, match="not an arxtune run|not a regular file|not UTF-8"):
+        load_run(run.path)
+
+
+def test_not_a_run(tmp_path):
+    with pytest.raises(FormatError, match="not an arxtune run"):
+        load_run(tmp_path)
+
+
+def test_rounds_round_trip_and_feed_the_interval(tmp_path):
+    writer = RunWriter.create(tmp_path, _meta())
+    record = PointRecord("gloo", "all_reduce", "float32", "eager", 1024, 1024, 2, "ok", (1.0, 1.0, 3.0, 3.0), "", (2, 2))
+    writer.append_group([record, PointRecord("x", "all_reduce", "float32", "eager", 1024, 1024, 2, "error", (), "boom")])
+    writer.close()
+    run = load_run(tmp_path / "r1")
+    assert run.records[0] == record and run.records[0].round_iters == (2, 2)
+    row = run.frame().iloc[0]
+    assert row.rounds == 2 and (row.ci_low_us, row.ci_high_us) == (1.0, 3.0)
+
+
+def test_a_version_1_run_is_refused_with_what_to_do(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
+    meta = json.loads((run.path / "meta.json").read_text())
+    meta["version"] = 1
+    (run.path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(FormatError, match="version 1 is not supported.*re-run the sweep"):
+        load_run(run.path)

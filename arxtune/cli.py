@@ -174,7 +174,7 @@ def calibrate(
       arxtune calibrate results/OLD results/NEW --prefer NEW --out thresholds.json
     """
     from arxtune.harness.calibrate import DEFAULT_VIEWS, calibrate as calibrate_runs, describe_views
-    from arxtune.runtime.communicator import default_thresholds_path
+    from arxtune.runtime.dispatch import default_thresholds_path
     from arxtune.harness.report import thresholds_table
     from arxtune.harness.results import load_run
 
@@ -304,7 +304,7 @@ def e2e(
 
       arxtune e2e --model /models/llama --tp 2 --nnodes 2 --node-rank 0 --master-addr node0   # and --node-rank 1 on node1
     """
-    from arxtune.runtime.communicator import default_thresholds_path
+    from arxtune.runtime.dispatch import default_thresholds_path
     from arxtune.harness.e2e import E2EConfig, load_result, report_lines, run_e2e
 
     try:

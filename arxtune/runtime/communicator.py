@@ -6,8 +6,8 @@ Usable from plain torch.distributed code:
     comm = Communicator.from_env()          # ARXTUNE_THRESHOLDS or a path
     y = comm.all_reduce(x)
 
-Routing is arxtune.runtime.router's (mode tables, overrides, capacity, capture,
-counters). Outside every range, or when the file does not fit the group
+Loading the file, agreeing on it across ranks, routing and the flat call are
+arxtune.runtime.dispatch's, shared with the vLLM plugin. Outside every range, or when the file does not fit the group
 (other world size, unknown version, a backend that cannot start), calls go
 to the baseline with one warning at start-up, never an exception. The
 runtime imports no harness code (sweep, timing, results, pandas).
@@ -23,21 +23,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.backends import Backend, GroupContext
+from arxtune.runtime.backends.base import Backend, GroupContext
 from arxtune.runtime.backends.startup import default_baseline
-from arxtune.runtime.ops import OP_SPECS
+from arxtune.runtime.dispatch import Dispatch, load_for_group
 from arxtune.runtime.errors import ArxtuneError
-from arxtune.runtime.router import open_router
-from arxtune.runtime.thresholds import Thresholds, load
-from arxtune.runtime import env
+from arxtune.runtime.thresholds import Thresholds
 
 log = logging.getLogger("arxtune")
-ENV_THRESHOLDS = env.THRESHOLDS.name
-
-
-def default_thresholds_path() -> Path:
-    """Where deployments look when no path is given: $ARXTUNE_THRESHOLDS, else ~/.config/arxtune/thresholds.json."""
-    return Path(env.THRESHOLDS.get() or Path.home() / ".config" / "arxtune" / "thresholds.json")
 
 
 def context_from_torch(device: torch.device | None = None, group=None, options: dict | None = None) -> GroupContext:
@@ -53,60 +45,30 @@ def context_from_torch(device: torch.device | None = None, group=None, options: 
                         None if device.type == "cpu" else group, options or {})
 
 
-def read_thresholds(world_size: int, source: str | Path | Thresholds | None = None) -> tuple[Thresholds | None, Path | None, str]:
-    """(thresholds, path, why not) for a group of `world_size`, without raising.
-
-    A missing, malformed or unknown-version file, or one with no table for
-    this world size, is a reason (the caller warns once and uses its baseline).
-    `source` defaults to default_thresholds_path().
-    """
-    if isinstance(source, Thresholds):
-        thresholds, path, where = source, None, "the Thresholds given"
-    else:
-        path = Path(source) if source else default_thresholds_path()
-        if not source and not path.is_file():
-            return None, path, (f"no thresholds file at {path} (set {ENV_THRESHOLDS}, or write one with "
-                                "`arxtune calibrate RUN --install`)")
-        try:
-            thresholds = load(path)
-        except ArxtuneError as exc:
-            return None, path, str(exc)
-        where = str(path)
-    if world_size not in thresholds.world_sizes:
-        return thresholds, path, f"{where} holds tables for world sizes {sorted(thresholds.world_sizes)}, not {world_size}"
-    return thresholds, path, ""
-
-
-def _capture_check(device: torch.device) -> Callable[[], bool] | None:
-    """How to tell a call made during CUDA-graph capture; CPU tensors are never captured."""
-    return torch.cuda.is_current_stream_capturing if device.type == "cuda" else None
-
-
 class Communicator:
     """Calls go to the backend arxtune.runtime.router picks; the baseline serves the rest (and is counted as such)."""
 
     def __init__(self, ctx: GroupContext, thresholds: str | Path | Thresholds | None = None, baseline: str | None = None,
                  capturing: Callable[[], bool] | None = None):
         self.ctx = ctx
-        loaded, _, why = read_thresholds(ctx.world_size, thresholds)
-        self.thresholds = None if why else loaded
+        loaded = load_for_group(ctx, thresholds)
+        self.thresholds = loaded.usable
         # The file's baseline where it can run here, else this device's torch.distributed backend.
         fallback = default_baseline(ctx.device)
-        preferred = baseline or (loaded.baseline if loaded else fallback)
+        preferred = baseline or (loaded.file.baseline if loaded.file else fallback)
         also = tuple(dict.fromkeys((preferred, fallback)))
-        self._opened = open_router(self.thresholds, ctx, preferred, lambda name: name == preferred,
-                                   capturing or _capture_check(ctx.device), also)
-        backends = self._opened.backends
+        self.dispatch = Dispatch(ctx, loaded, preferred, lambda name: name == preferred, also, capturing)
+        backends = self.dispatch.backends
         self.baseline_name = preferred if preferred in backends else fallback
         if self.baseline_name not in backends:
-            self._opened.close()
+            self.dispatch.close()
             raise ArxtuneError(f"baseline backend {self.baseline_name} cannot run here; pass baseline= a backend that can")
         self.baseline: Backend = backends[self.baseline_name]
-        self.router = self._opened.router
+        self.router = self.dispatch.router
         self.router.fallback = self.baseline_name
-        if why:
-            log.warning("arxtune: using %s for every call: %s", self.baseline_name, why)
-        for problem in self._opened.problems:
+        if loaded.why:
+            log.warning("arxtune: using %s for every call: %s", self.baseline_name, loaded.why)
+        for problem in self.dispatch.opened.problems:
             log.warning("arxtune: %s; those calls use %s", problem, self.baseline_name)
         if ctx.rank == 0:
             log.info("%s", self.summary())
@@ -123,7 +85,7 @@ class Communicator:
 
     def summary(self) -> str:
         """The start-up line: world, mode tables, capacity, fingerprint, overrides, and the ranges taken."""
-        return f"arxtune: world {self.ctx.world_size}, {self._opened.line}"
+        return f"arxtune: world {self.ctx.world_size}, {self.dispatch.opened.line}"
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int) -> Backend:
         """The backend for one call; the baseline when nothing else applies."""
@@ -131,28 +93,24 @@ class Communicator:
 
     def route(self, op: str, tensor: torch.Tensor) -> Backend | None:
         """The non-baseline backend that should take this call, or None (the caller uses its own path)."""
-        return self.router.pick(op, tensor.dtype, OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.ctx.world_size))
+        return self.dispatch.pick(op, tensor)
 
     def _run(self, op: str, tensor: torch.Tensor) -> torch.Tensor:
-        spec = OP_SPECS[op]
-        flat = tensor.contiguous().view(-1)
-        out = torch.empty(spec.out_numel(flat.numel(), self.ctx.world_size), dtype=tensor.dtype, device=tensor.device)
-        getattr(self.choose(op, tensor.dtype, spec.tensor_nbytes(flat.nbytes, self.ctx.world_size)), op)(flat, out)
-        return out
+        return self.dispatch.run(self.route(op, tensor) or self.baseline, op, tensor)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, out of place, same shape."""
-        return self._run("all_reduce", tensor).view(tensor.shape)
+        return self._run("all_reduce", tensor)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenation of every rank's tensor along dim 0."""
-        return self._run("all_gather", tensor).view(tensor.shape[0] * self.ctx.world_size, *tensor.shape[1:])
+        return self._run("all_gather", tensor)
 
     def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's dim-0 slice of the sum over ranks."""
         if tensor.shape[0] % self.ctx.world_size:
             raise ValueError(f"reduce_scatter needs dim 0 ({tensor.shape[0]}) divisible by the world size {self.ctx.world_size}")
-        return self._run("reduce_scatter", tensor).view(tensor.shape[0] // self.ctx.world_size, *tensor.shape[1:])
+        return self._run("reduce_scatter", tensor)
 
     def close(self) -> None:
-        self._opened.close()
+        self.dispatch.close()

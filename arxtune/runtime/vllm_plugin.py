@@ -47,13 +47,9 @@ Switches (environment variables, the same on every rank):
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import sys
 from collections import Counter
-
-import torch
 
 from arxtune.runtime.ops import OP_SPECS
 from arxtune.runtime import env
@@ -142,65 +138,53 @@ def wrap(base: type) -> type:
 class ArxtuneRouting:
     """Thresholds-driven dispatch in front of vLLM's device communicator (see arxtune.runtime.vllm_plugin)."""
 
-    arxtune_routes = None  # arxtune.runtime.router.Opened: the router, its backends and its start-up line
+    arxtune_dispatch = None  # arxtune.runtime.dispatch.Dispatch, or None: vLLM's path for everything
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.arxtune_routes = None
+        self.arxtune_dispatch = None
         if self.unique_name.split(":")[0] != GROUP_PREFIX or self.world_size < 2:
             return
-        self.arxtune_routes = setup_routes(self)
+        self.arxtune_dispatch = setup_dispatch(self)
+
+    @property
+    def arxtune_routes(self):
+        """What start-up opened (arxtune.runtime.router.Opened), or None."""
+        return self.arxtune_dispatch.opened if self.arxtune_dispatch else None
 
     @property
     def arxtune_calls(self) -> Counter:
         """Calls so far by (op, backend), "vllm" for vLLM's own path; empty outside the TP group."""
-        return self.arxtune_routes.router.calls if self.arxtune_routes else Counter()
+        return self.arxtune_dispatch.router.calls if self.arxtune_dispatch else Counter()
 
     def _arxtune_pick(self, op: str, tensor, eligible: bool = True):
         """The backend for this call, or None for vLLM's path (`eligible` False: only vLLM can do it)."""
-        routes = self.arxtune_routes
-        if routes is None:
+        dispatch = self.arxtune_dispatch
+        if dispatch is None:
             return None
         if not eligible:
-            routes.router.count(op)
+            dispatch.router.count(op)
             if _log_calls:
                 log.info("arxtune: %s %s %s along another dim -> %s", op, tensor.dtype, tuple(tensor.shape), VLLM_PATH)
             return None
-        nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.world_size)
-        backend = routes.router.pick(op, tensor.dtype, nbytes)
+        backend = dispatch.pick(op, tensor)
         if _log_calls:
+            nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.world_size)
             log.info("arxtune: %s %s %d bytes -> %s", op, tensor.dtype, nbytes, backend.name if backend is not None else VLLM_PATH)
         return backend
-
-    def _arxtune_gather(self, backend, input_):
-        """Every rank's input concatenated along dim 0."""
-        flat = input_.contiguous().view(-1)
-        out = torch.empty(flat.numel() * self.world_size, dtype=input_.dtype, device=input_.device)
-        backend.all_gather(flat, out)
-        return out.view(input_.shape[0] * self.world_size, *input_.shape[1:])
-
-    def _arxtune_reduce_scatter(self, backend, input_):
-        """This rank's dim-0 slice of the sum over ranks."""
-        flat = input_.contiguous().view(-1)
-        out = torch.empty(flat.numel() // self.world_size, dtype=input_.dtype, device=input_.device)
-        backend.reduce_scatter(flat, out)
-        return out.view(input_.shape[0] // self.world_size, *input_.shape[1:])
 
     def all_reduce(self, input_):
         backend = self._arxtune_pick("all_reduce", input_)
         if backend is None:
             return super().all_reduce(input_)
-        flat = input_.contiguous().view(-1)
-        out = torch.empty_like(flat)
-        backend.all_reduce(flat, out)
-        return out.view(input_.shape)
+        return self.arxtune_dispatch.run(backend, "all_reduce", input_)
 
     def all_gather(self, input_, dim: int = -1):
         backend = self._arxtune_pick("all_gather", input_, eligible=input_.dim() > 0)
         if backend is None:
             return super().all_gather(input_, dim)
         dim = dim + input_.dim() if dim < 0 else dim
-        gathered = self._arxtune_gather(backend, input_)
+        gathered = self.arxtune_dispatch.run(backend, "all_gather", input_)
         if dim == 0:
             return gathered
         # (world, *shape) with the world axis moved in front of `dim`, then merged with it.
@@ -214,13 +198,13 @@ class ArxtuneRouting:
         backend = self._arxtune_pick("reduce_scatter", input_, eligible)
         if backend is None:
             return super().reduce_scatter(input_, dim)
-        return self._arxtune_reduce_scatter(backend, input_)
+        return self.arxtune_dispatch.run(backend, "reduce_scatter", input_)
 
     def custom_all_gather(self, input_):
         """Sequence-parallel gather along dim 0; None hands the call back to vLLM's caller."""
         backend = self._arxtune_pick("all_gather", input_, eligible=input_.dim() > 0)
         if backend is not None:
-            return self._arxtune_gather(backend, input_)
+            return self.arxtune_dispatch.run(backend, "all_gather", input_)
         inner = getattr(super(), "custom_all_gather", None)
         return inner(input_) if inner is not None else None
 
@@ -229,14 +213,14 @@ class ArxtuneRouting:
         eligible = input_.dim() > 0 and input_.shape[0] % self.world_size == 0
         backend = self._arxtune_pick("reduce_scatter", input_, eligible)
         if backend is not None:
-            return self._arxtune_reduce_scatter(backend, input_)
+            return self.arxtune_dispatch.run(backend, "reduce_scatter", input_)
         inner = getattr(super(), "custom_reduce_scatter", None)
         return inner(input_) if inner is not None else None
 
     def destroy(self):
-        if self.arxtune_routes is not None:
-            self.arxtune_routes.close()
-            self.arxtune_routes = None
+        if self.arxtune_dispatch is not None:
+            self.arxtune_dispatch.close()
+            self.arxtune_dispatch = None
         inner = getattr(super(), "destroy", None)
         if inner is not None:
             inner()
@@ -244,10 +228,10 @@ class ArxtuneRouting:
 
 # ---- start-up: load, agree across the group, open backends, say what is taken ----
 
-def setup_routes(comm):
-    """The routes for one TP communicator (arxtune.runtime.router.Opened), or None (vLLM's path for everything) after one warning."""
+def setup_dispatch(comm):
+    """The dispatch for one TP communicator, or None (vLLM's path for everything) after one warning."""
     try:
-        return _open_routes(comm)
+        return _open_dispatch(comm)
     except Exception as exc:  # start-up must not crash vLLM; the reason is logged
         _say(comm, logging.WARNING, f"set-up failed ({type(exc).__name__}: {exc})")
         return None
@@ -267,11 +251,6 @@ def _base_name(comm) -> str:
     return next((c.__name__ for c in type(comm).__mro__[1:] if c is not ArxtuneRouting and c.__module__ != __name__), "communicator")
 
 
-def thresholds_digest(thresholds) -> str:
-    """A short hash of a file's content, so the ranks of a group can tell they loaded the same one."""
-    return hashlib.sha256(json.dumps(thresholds.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _model_dtype():
     """The model's dtype when vLLM has a config in this process, else None."""
     try:
@@ -285,55 +264,40 @@ def _model_dtype():
 
 def read_thresholds(world_size: int, model_dtype=None):
     """(thresholds, path, why not): the file for this group, or the reason it cannot be used."""
-    from arxtune.runtime.ops import dtype_name
-    from arxtune.runtime.communicator import read_thresholds as read_for_group
+    from arxtune.runtime import dispatch
 
-    thresholds, path, why = read_for_group(world_size)
-    if why:
-        return None, path, why
-    covered = sorted({t.dtype for t in thresholds.tables if t.world_size == world_size})
-    try:
-        wanted = dtype_name(model_dtype) if model_dtype is not None else None
-    except KeyError:
-        wanted = str(model_dtype)
-    if wanted is not None and wanted not in covered:
-        return None, path, f"{path} covers {', '.join(covered)}, not the model's {wanted}"
-    return thresholds, path, ""
+    thresholds, path, why = dispatch.read_thresholds(world_size, None, model_dtype)
+    return (None if why else thresholds), path, why
 
 
-def _open_routes(comm):
-    from arxtune.runtime.backends import GroupContext
-    from arxtune.runtime.backends.startup import agreed_reason, gather_objects
-    from arxtune.runtime.router import open_router
+def _open_dispatch(comm):
+    from arxtune.runtime import dispatch
+    from arxtune.runtime.backends.base import GroupContext
 
-    world = comm.world_size
-    thresholds, path, why = read_thresholds(world, _model_dtype())
-    answers = gather_objects((thresholds_digest(thresholds) if thresholds else "", why), comm.cpu_group)
-    why = agreed_reason([w for _, w in answers])
-    if not why and len({digest for digest, _ in answers}) > 1:
-        why = "the ranks of this group loaded different thresholds files (give every node the same one)"
-    if why:
-        _say(comm, logging.WARNING, why)
+    device = comm.device
+    ctx = GroupContext(comm.rank_in_group, comm.world_size, device.index or 0, device, comm.cpu_group,
+                       comm.device_group if device.type == "cuda" else None)
+    loaded = dispatch.load_for_group(ctx, None, _model_dtype())
+    if loaded.why:
+        _say(comm, logging.WARNING, loaded.why)
         return None
+    thresholds = loaded.usable
 
     def native(name: str) -> bool:  # ranges vLLM's own communicator already serves
         return name == thresholds.baseline or name.startswith("vllm_")
 
-    device = comm.device
-    ctx = GroupContext(comm.rank_in_group, world, device.index or 0, device, comm.cpu_group,
-                       comm.device_group if device.type == "cuda" else None)
-    capturing = torch.cuda.is_current_stream_capturing if device.type == "cuda" else None
-    opened = open_router(thresholds, ctx, VLLM_PATH, native, capturing)
+    routes = dispatch.Dispatch(ctx, loaded, VLLM_PATH, native)
+    opened = routes.opened
     taken = opened.router.takes_anything
     if opened.problems:
         _say(comm, logging.WARNING, "; ".join(opened.problems) + ("; those ranges use vLLM's path" if taken else ""),
              everything_to_vllm=not taken)
     if not taken:
-        opened.close()
+        routes.close()
         if not opened.problems:
-            _say(comm, logging.INFO, f"the thresholds in {path} give every range to vLLM's {_base_name(comm)}")
+            _say(comm, logging.INFO, f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}")
         return None
     run_ids = ", ".join(r.run_id for r in thresholds.runs)
     _say(comm, logging.INFO, f"{opened.line}; everything else goes to vLLM's {_base_name(comm)} "
-         f"(thresholds {path}{f', runs {run_ids}' if run_ids else ''})")
-    return opened
+         f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''})")
+    return routes

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from arxtune.runtime.backends import parse_extra
 from arxtune.cli import app
-from arxtune.runtime.communicator import read_thresholds
+from arxtune.runtime.dispatch import read_thresholds
 from arxtune.harness.config import load_config
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.fileio import read_text, write_text_atomic

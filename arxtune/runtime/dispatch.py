@@ -1,0 +1,146 @@
+"""The one dispatch path: load the thresholds file, agree on it across the group, open the router, make the call.
+
+The bundled communicator and the vLLM plugin both delegate here; they differ
+only in what serves the calls no range takes (the communicator opens a
+baseline backend, the plugin hands them back to vLLM) and so in which backend
+names count as their own. A file that cannot be used is a reason, never an
+exception: the caller warns once and serves everything itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from arxtune.runtime import env
+from arxtune.runtime.backends.base import Backend, GroupContext
+from arxtune.runtime.backends.startup import agreed_reason
+from arxtune.runtime.distributed import gather_objects
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.ops import OP_SPECS, dtype_name
+from arxtune.runtime.router import Opened, open_router
+from arxtune.runtime.thresholds import Thresholds, load
+
+
+def default_thresholds_path() -> Path:
+    """Where deployments look when no path is given: $ARXTUNE_THRESHOLDS, else ~/.config/arxtune/thresholds.json."""
+    return Path(env.THRESHOLDS.get() or Path.home() / ".config" / "arxtune" / "thresholds.json")
+
+
+def read_thresholds(world_size: int, source: str | Path | Thresholds | None = None,
+                    model_dtype: torch.dtype | None = None) -> tuple[Thresholds | None, Path | None, str]:
+    """(thresholds, path, why not) for a group of `world_size`, without raising.
+
+    A missing, malformed or unknown-version file, one with no table for this
+    world size, or one that does not cover the model's dtype (when given) is a
+    reason. The thresholds come back even then when the file itself was
+    readable (a caller may still want its baseline). `source` defaults to
+    default_thresholds_path().
+    """
+    if isinstance(source, Thresholds):
+        thresholds, path, where = source, None, "the Thresholds given"
+    else:
+        path = Path(source) if source else default_thresholds_path()
+        if not source and not path.is_file():
+            return None, path, (f"no thresholds file at {path} (set {env.THRESHOLDS.name}, or write one with "
+                                "`arxtune calibrate RUN --install`)")
+        try:
+            thresholds = load(path)
+        except ArxtuneError as exc:
+            return None, path, str(exc)
+        where = str(path)
+    if world_size not in thresholds.world_sizes:
+        return thresholds, path, f"{where} holds tables for world sizes {sorted(thresholds.world_sizes)}, not {world_size}"
+    if model_dtype is not None:
+        covered = sorted({t.dtype for t in thresholds.tables if t.world_size == world_size})
+        try:
+            wanted = dtype_name(model_dtype)
+        except KeyError:
+            wanted = str(model_dtype)
+        if wanted not in covered:
+            return thresholds, path, f"{where} covers {', '.join(covered)}, not the model's {wanted}"
+    return thresholds, path, ""
+
+
+def thresholds_digest(thresholds: Thresholds | None) -> str:
+    """A short hash of a file's content, so the ranks of a group can tell they loaded the same one."""
+    if thresholds is None:
+        return ""
+    return hashlib.sha256(json.dumps(thresholds.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def agree(thresholds: Thresholds | None, why: str, cpu_group) -> str:
+    """One reason for the whole group: any rank's, or that the ranks loaded different files; '' when all agree."""
+    answers = gather_objects((thresholds_digest(None if why else thresholds), why), cpu_group)
+    reason = agreed_reason([w for _, w in answers])
+    if not reason and len({digest for digest, _ in answers}) > 1:
+        reason = "the ranks of this group loaded different thresholds files (give every node the same one)"
+    return reason
+
+
+def capture_check(device: torch.device) -> Callable[[], bool] | None:
+    """How to tell a call made during CUDA-graph capture; CPU tensors are never captured."""
+    return torch.cuda.is_current_stream_capturing if device.type == "cuda" else None
+
+
+@dataclass
+class Loaded:
+    """A group's view of its thresholds file: the file as read, and whether (why not) the group uses it."""
+
+    file: Thresholds | None  # the file as read, even when the group cannot use it
+    path: Path | None
+    why: str  # '' when every rank can use the same file
+
+    @property
+    def usable(self) -> Thresholds | None:
+        return None if self.why else self.file
+
+
+def load_for_group(ctx: GroupContext, source: str | Path | Thresholds | None = None,
+                   model_dtype: torch.dtype | None = None) -> Loaded:
+    """Read the file on every rank and agree on one verdict (a collective on ctx.cpu_group)."""
+    thresholds, path, why = read_thresholds(ctx.world_size, source, model_dtype)
+    return Loaded(thresholds, path, agree(thresholds, why, ctx.cpu_group))
+
+
+class Dispatch:
+    """One group's routes: per call, the backend the router picks, and the flat out-of-place call into it.
+
+    `fallback` names what serves the rest (the caller's own path), `native(name)`
+    says which range names that path serves itself, `also_open` are backends the
+    caller needs opened besides (the communicator's baseline).
+    """
+
+    def __init__(self, ctx: GroupContext, loaded: Loaded, fallback: str, native: Callable[[str], bool],
+                 also_open: tuple[str, ...] = (), capturing: Callable[[], bool] | None = None):
+        self.ctx = ctx
+        self.loaded = loaded
+        self.opened: Opened = open_router(loaded.usable, ctx, fallback, native, capturing or capture_check(ctx.device),
+                                          also_open)
+        self.router = self.opened.router
+
+    @property
+    def backends(self) -> dict[str, Backend]:
+        return self.opened.backends
+
+    def pick(self, op: str, tensor: torch.Tensor) -> Backend | None:
+        """The backend for this call by the file's tables, or None for the caller's own path (counted either way)."""
+        return self.router.pick(op, tensor.dtype, OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.ctx.world_size))
+
+    def run(self, backend: Backend, op: str, tensor: torch.Tensor) -> torch.Tensor:
+        """`op` of `tensor` through `backend`, out of place, shaped along dim 0 (all_reduce keeps the shape)."""
+        world = self.ctx.world_size
+        flat = tensor.contiguous().view(-1)
+        out = torch.empty(OP_SPECS[op].out_numel(flat.numel(), world), dtype=tensor.dtype, device=tensor.device)
+        getattr(backend, op)(flat, out)
+        if tensor.dim() == 0:
+            return out.view(tensor.shape)
+        return out.view(OP_SPECS[op].out_numel(tensor.shape[0], world), *tensor.shape[1:])
+
+    def close(self) -> None:
+        self.opened.close()

@@ -37,14 +37,18 @@ CHILD = r"""
 import json, os, sys, time
 import torch, torch.distributed as dist
 t0 = time.perf_counter()
-import arxtune.runtime.communicator
+try:
+    import arxtune.runtime.communicator as communicator
+except ImportError:  # a checkout from before the runtime/harness split
+    import arxtune.communicator as communicator
 t1 = time.perf_counter()
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
 dist.init_process_group("gloo", rank=0, world_size=1)
 t2 = time.perf_counter()
-comm = arxtune.runtime.communicator.Communicator.from_env(sys.argv[1])
+comm = communicator.Communicator.from_env(sys.argv[1])
 t3 = time.perf_counter()
-harness = sorted(m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.timing", "pandas", "matplotlib") if m in sys.modules)
+harness = sorted(m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.timing", "arxtune.sweep",
+                              "arxtune.results", "arxtune.timing", "pandas", "matplotlib") if m in sys.modules)
 comm.close()
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "construct_ms": (t3 - t2) * 1e3, "harness": harness}), flush=True)
 os._exit(0)  # no gloo teardown: it is not what is measured, and it has been seen to abort
@@ -54,7 +58,10 @@ PLUGIN_CHILD = r"""
 import json, sys, time
 import torch, torch.distributed
 t0 = time.perf_counter()
-import arxtune.runtime.vllm_plugin
+try:
+    import arxtune.runtime.vllm_plugin
+except ImportError:  # a checkout from before the runtime/harness split
+    import arxtune.vllm_plugin
 t1 = time.perf_counter()
 print(json.dumps({"plugin_import_ms": (t1 - t0) * 1e3}))
 """

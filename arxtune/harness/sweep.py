@@ -66,16 +66,17 @@ def _now() -> str:
 
 
 def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
-    """ib_write_lat's 2-byte latency on arx's device, the floor every RDMA backend is plotted against.
+    """ib_write_lat's 2-byte latency on the fabric, the floor every RDMA backend is plotted against.
 
-    Only where an arx backend runs; None (and the sweep goes on) when perftest cannot measure it.
+    Only where a backend that writes over RDMA runs (one with `fabric_devices()`); None (and the sweep
+    goes on) when perftest cannot measure it.
     """
-    arx = next((ready[name] for name in ("arx", "arx2") if name in ready), None)
-    if arx is None:
+    rdma = next((backend for backend in ready.values() if callable(getattr(backend, "fabric_devices", None))), None)
+    if rdma is None:
         return None
     from arxtune.runtime.rdma.floor import measure_write_latency_us
 
-    devices = getattr(arx.cfg, "devices", None)
+    devices = rdma.fabric_devices()
     try:
         return measure_write_latency_us(devices[0] if devices else None, timeout_s=60)
     except ArxtuneError as exc:

@@ -61,6 +61,10 @@ class _Arx:
         """all_reduce and reduce_scatter inputs up to max_bytes (the registered buffers); all_gather has no limit."""
         return {"all_reduce": self.cfg.max_bytes, "reduce_scatter": self.cfg.max_bytes}
 
+    def fabric_devices(self) -> tuple[str, ...]:
+        """The RDMA devices it writes through (empty: every active one), where the sweep measures the fabric's floor."""
+        return tuple(self.cfg.devices or ())
+
     def effective_options(self) -> dict:
         """The settings that shape what it measures, to be stored with a run and used again at runtime."""
         return {key: list(value) if isinstance(value, tuple) else value

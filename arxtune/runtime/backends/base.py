@@ -17,6 +17,9 @@ buffer pair each time; where that call has a `repeat(n, start, end)`, eager
 samples use it to launch n calls back to back in the backend's own loop (nccl:
 a C loop), recording the CUDA events `start` before them and `end` after.
 
+A backend that writes over RDMA devices may define fabric_devices() -> the device
+names it uses (empty: all): the sweep then measures the fabric's ib_write_lat floor.
+
 A capturable backend whose failures happen inside a graph replay (a kernel
 that gave up waiting) may also define check(): the harness calls it after
 synchronising and records what it raises as the point's error.

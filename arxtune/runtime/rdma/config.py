@@ -85,7 +85,7 @@ class RdmaConfig:
                 raw[key] = variable.get(env)
         try:
             return replace(cls(), **{k: _convert(k, v) for k, v in raw.items()})
-        except (TypeError, ValueError, ArxtuneError) as exc:
+        except (TypeError, ValueError) as exc:
             raise ArxtuneError(f"arx: bad RDMA setting: {exc}") from None
 
 
@@ -96,7 +96,10 @@ def _convert(key: str, value):
         names = value.split(",") if isinstance(value, str) else list(value)
         return tuple(n.strip() for n in names)
     if key in ("max_bytes", "chunk_bytes", "stripe_min_bytes"):
-        return parse_bytes(value)
+        try:
+            return parse_bytes(value)
+        except ArxtuneError:
+            raise ValueError(f"not a byte size: {value!r} (use e.g. 4096, 64KiB, 4MiB)") from None
     if key in ("port", "gid_index", "slots"):
         return int(value)
     if key == "timeout_s":

@@ -9,7 +9,8 @@ from arxtune.runtime.env import VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("**/README.md"))]
-LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
+HEADING = re.compile(r"^#+ (.*)$", re.M)
 ENV_BLOCK = re.compile(r"<!-- env:begin -->\n(.*?)<!-- env:end -->", re.S)
 #: Pages the README links that are written alongside this one; each must exist once they are merged.
 WRITTEN_ELSEWHERE = {"docs/gb10.md", "docs/arxg-ordering.md", "docs/nccl-tuner.md", "docs/startup-ladder.md", "docs/bad-input.md"}
@@ -24,6 +25,11 @@ def env_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in HEADING.findall(page.read_text())}
+
+
 def test_the_runtime_page_lists_every_variable_as_declared():
     block = ENV_BLOCK.search((ROOT / "docs" / "runtime.md").read_text())
     assert block, "docs/runtime.md has no <!-- env:begin --> ... <!-- env:end --> block"
@@ -33,12 +39,15 @@ def test_the_runtime_page_lists_every_variable_as_declared():
 def test_every_relative_link_in_the_docs_resolves():
     broken = []
     for page in PAGES:
-        for target in LINK.findall(page.read_text()):
+        for target, anchor in LINK.findall(page.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            path = (page.parent / target).resolve()
-            if not path.exists() and path.relative_to(ROOT).as_posix() not in WRITTEN_ELSEWHERE:
-                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            path = (page.parent / target).resolve() if target else page
+            if not path.exists():
+                if path.relative_to(ROOT).as_posix() not in WRITTEN_ELSEWHERE:
+                    broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
     assert not broken, "links to nothing:\n" + "\n".join(broken)
 
 

@@ -2,7 +2,7 @@
 
 Versioned JSON with provenance, validated on load. Ranges cover 0..infinity
 without gaps; a range includes its lower bound and excludes its upper bound
-(`hi` null = no upper bound). Sizes follow collectives.py's convention.
+(`hi` null = no upper bound). Sizes follow arxtune.runtime.ops's convention.
 `mode` is the runtime's mode: `graph` while a CUDA graph is being captured,
 `eager` otherwise; each table names the run and the timing view it came from.
 

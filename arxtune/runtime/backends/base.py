@@ -69,7 +69,7 @@ class Backend(Protocol):
     ops: ClassVar[tuple[str, ...]]
 
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
-        """Whether this backend can run `op` at this size (bytes as in collectives.py)."""
+        """Whether this backend can run `op` at this size (bytes as in arxtune.runtime.ops)."""
         ...
 
     def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None: ...

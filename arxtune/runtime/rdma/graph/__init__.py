@@ -8,5 +8,5 @@ into every peer's segment through a transport: shared memory on one host
 (fabric.py) or RDMA queue pairs (rdma.connection). The GPU polls the flags with
 bounded waits and finishes the step in a second kernel. Nothing on the path
 needs the host, so the whole collective records into a CUDA graph.
-`standin.py` runs the same protocol on the CPU, for tests without a GPU.
+tests/helpers/arxg_cpu_rank.py runs the same protocol on the CPU, for tests without a GPU.
 """

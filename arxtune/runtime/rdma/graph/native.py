@@ -2,7 +2,7 @@
 
 A Python loop costs the proxy microseconds a step (bytecode, ctypes, dict
 lookups) where its work, a flag store per peer, takes nanoseconds; the C loop
-polls and stores without the interpreter. It is built by arxtune/native.py. Where no compiler
+polls and stores without the interpreter. It is built by arxtune/runtime/native.py. Where no compiler
 works, the proxy keeps its Python loop and says why once. `ARXTUNE_ARXG_NATIVE=0` keeps the Python loop.
 """
 

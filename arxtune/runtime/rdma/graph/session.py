@@ -1,6 +1,6 @@
 """A rank's side of the graph engine: its segment, its proxy, and their errors.
 
-Shared by the GPU rank (gpu.py) and the CPU stand-in (standin.py): both open a
+Shared by the GPU rank (gpu.py) and the tests' CPU stand-in (tests/helpers/arxg_cpu_rank.py): both open a
 Session, then run the same protocol against it. `check()` turns the segment's
 error word, or a proxy that died, into the same errors as the eager arx path,
 naming peer and op. `source()` says where a peer's part of a step is read:

@@ -238,7 +238,7 @@ def test_no_compiler_is_one_clear_error(monkeypatch, tmp_path):
 
 # -- the export: a calibrated run with variant rows, written for the plugin and read back
 
-VARIANTS = ("nccl", "nccl[proto=LL,channels=4]", "nccl[algo=Ring,proto=Simple]", "nccl[proto=LL128]")
+VARIANTS = ("nccl", "nccl[proto=LL,channels=4]", "nccl[proto=Simple,algo=Ring]", "nccl[proto=LL128]")
 SIZES = [1 << k for k in range(10, 25)]
 
 
@@ -246,7 +246,7 @@ def _latency(backend, nbytes):
     """LL with 4 channels wins small sizes, Ring/Simple large ones, NCCL's own choice the middle; LL128 never."""
     if backend == "nccl[proto=LL,channels=4]":
         return 5 + nbytes / 2e3
-    if backend == "nccl[algo=Ring,proto=Simple]":
+    if backend == "nccl[proto=Simple,algo=Ring]":
         return 60 + nbytes / 2e4
     if backend == "nccl[proto=LL128]":
         return 80 + nbytes / 1e3
@@ -278,7 +278,7 @@ def test_the_export_round_trips_every_choice_of_the_calibration(variant_run, tun
     export = nccl_tuner.tuner_csv(thresholds)
     assert export.dtypes == {("all_gather", 2): "bfloat16", ("all_reduce", 2): "bfloat16"}
     won = {r.backend for t in thresholds.tables for r in t.ranges}
-    assert {"nccl", "nccl[proto=LL,channels=4]", "nccl[algo=Ring,proto=Simple]"} <= won and "nccl[proto=LL128]" not in won
+    assert {"nccl", "nccl[proto=LL,channels=4]", "nccl[proto=Simple,algo=Ring]"} <= won and "nccl[proto=LL128]" not in won
     t = tuner(export.text, ranks=2, nodes=2)  # make_run's two ranks sit on hosts a and b
     assert not t.warnings()
     checked = 0

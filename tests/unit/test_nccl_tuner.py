@@ -25,10 +25,15 @@ c_int, c_size_t, c_void_p, c_float = ctypes.c_int, ctypes.c_size_t, ctypes.c_voi
 LOGGER = ctypes.CFUNCTYPE(None, c_int, ctypes.c_ulong, ctypes.c_char_p, c_int, ctypes.c_char_p, ctypes.c_char_p)
 COLL_INFO = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, ctypes.POINTER(c_float), c_int, c_int, c_int,
                              ctypes.POINTER(c_int))
+COLL_INFO_V3 = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, ctypes.POINTER(c_float), c_int, c_int, ctypes.POINTER(c_int))
 INIT_V4 = ctypes.CFUNCTYPE(c_int, c_size_t, c_size_t, LOGGER, ctypes.POINTER(c_void_p))
 INIT_V5 = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(c_void_p), ctypes.c_uint64, c_size_t, c_size_t, LOGGER, c_void_p, c_void_p)
 FINALIZE = ctypes.CFUNCTYPE(c_int, c_void_p)
 CHUNK = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, c_int, c_int, ctypes.POINTER(c_size_t))
+
+
+class TunerV3(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("init", INIT_V4), ("getCollInfo", COLL_INFO_V3), ("destroy", FINALIZE)]
 
 
 class TunerV4(ctypes.Structure):
@@ -60,7 +65,7 @@ class FakeNccl:
 
     def __init__(self, library: str, version: int = 5):
         self.lib = ctypes.CDLL(library)
-        kind = {4: TunerV4, 5: TunerV5, 6: TunerV6, 7: TunerV6}[version]
+        kind = {3: TunerV3, 4: TunerV4, 5: TunerV5, 6: TunerV6, 7: TunerV6}[version]
         self.plugin = kind.in_dll(self.lib, f"ncclTunerPlugin_v{version}")
         self.version = version
         self.logs: list[tuple[int, str]] = []
@@ -68,7 +73,7 @@ class FakeNccl:
         self.context = c_void_p()
 
     def open(self, ranks: int = 2, nodes: int = 1) -> "FakeNccl":
-        if self.version == 4:
+        if self.version <= 4:
             rc = self.plugin.init(ranks, nodes, self._logger, ctypes.byref(self.context))
         else:
             rc = self.plugin.init(ctypes.byref(self.context), 1234, ranks, nodes, self._logger, None, None)
@@ -76,7 +81,7 @@ class FakeNccl:
         return self
 
     def close(self) -> None:
-        assert (self.plugin.destroy if self.version == 4 else self.plugin.finalize)(self.context) == 0
+        assert (self.plugin.destroy if self.version <= 4 else self.plugin.finalize)(self.context) == 0
 
     def ask(self, collective: str, nbytes: int, costs=None, pipe_ops: int = 1, reg_buff: int = 0):
         """(entries the plugin zeroed, NCCL's pick afterwards, the channel count it set; 0 = NCCL's)."""
@@ -84,8 +89,12 @@ class FakeNccl:
         algos, protos = len(costs), len(costs[0])
         table = (c_float * (algos * protos))(*[c for row in costs for c in row])
         channels = c_int(0)
-        assert self.plugin.getCollInfo(self.context, COLL[collective], nbytes, pipe_ops, table, algos, protos, reg_buff,
-                                       ctypes.byref(channels)) == 0
+        if self.version == 3:  # no regBuff: NCCL 2.22
+            rc = self.plugin.getCollInfo(self.context, COLL[collective], nbytes, pipe_ops, table, algos, protos, ctypes.byref(channels))
+        else:
+            rc = self.plugin.getCollInfo(self.context, COLL[collective], nbytes, pipe_ops, table, algos, protos, reg_buff,
+                                         ctypes.byref(channels))
+        assert rc == 0
         after = [[table[a * protos + p] for p in range(protos)] for a in range(algos)]
         zeroed = {(ALGORITHMS[a].lower(), PROTOCOLS[p].lower()) for a in range(algos) for p in range(protos)
                   if after[a][p] != costs[a][p]}
@@ -128,7 +137,7 @@ allreduce,65536,-1,tree,simple,-1,-1,-1,-1,-1
 """
 
 
-@pytest.mark.parametrize("version", [4, 5, 6, 7])
+@pytest.mark.parametrize("version", [3, 4, 5, 6, 7])
 def test_every_exported_interface_version_picks_per_range_and_leaves_the_rest_to_nccl(tuner, version):
     t = tuner(TWO_RANGES, version=version)
     assert t.plugin.name == b"arxtune"
@@ -138,6 +147,11 @@ def test_every_exported_interface_version_picks_per_range_and_leaves_the_rest_to
         assert t.ask("allreduce", size) == ({("tree", "simple")}, ("tree", "simple"), 0)
     assert t.ask("allgather", 4096) == (set(), NCCL_DEFAULT, 0)  # no rule: NCCL's choice, table untouched
     assert not t.warnings()
+
+
+def test_v3_calls_without_registration_apply_only_rules_that_match_either(tuner):
+    t = tuner("allreduce,0,-1,ring,ll,2,-1,-1,-1,1\nallreduce,0,-1,tree,simple,3,-1,-1,-1,-1\n", version=3)
+    assert t.ask("allreduce", 64) == ({("tree", "simple")}, ("tree", "simple"), 3)
 
 
 def test_the_chunk_size_hook_of_v6_keeps_nccls_size(tuner):

@@ -17,10 +17,11 @@
  * dropped whole with one warning through NCCL's logger: NCCL then chooses every call. Nothing
  * here fails a communicator or a call.
  *
- * Interface versions exported: ncclTunerPlugin_v4 .. _v7 (NCCL 2.23 and newer). Their
- * getCollInfo is the same; v5 added commId, NVLink domain info and NCCL's tuning constants to
- * init (unused here), v6 an optional chunk-size hook (left as NCCL computes it). The declarations
- * below are written from NCCL's headers (src/include/plugin/tuner/tuner_v4.h .. v7.h).
+ * Interface versions exported: ncclTunerPlugin_v3 .. _v7, NCCL's cost-table interfaces (v3 came
+ * with NCCL 2.22). v4 added regBuff to getCollInfo (v3 calls match rules whose regBuff is -1),
+ * v5 commId, NVLink domain info and NCCL's tuning constants to init (unused here), v6 an optional
+ * chunk-size hook (left as NCCL computes it), v7 larger constants. The declarations below are
+ * written from NCCL's headers (src/include/plugin/tuner/tuner_v3.h .. v7.h).
  */
 
 #include <ctype.h>
@@ -261,6 +262,12 @@ static nccl_result get_coll_info(void* context_, int collective, size_t bytes, i
   return 0;
 }
 
+/* v3: no regBuff argument; only rules that match either registration apply. */
+static nccl_result get_coll_info_v3(void* context_, int collective, size_t bytes, int pipe_ops, float** table, int algos,
+                                    int protos, int* channels) {
+  return get_coll_info(context_, collective, bytes, pipe_ops, table, algos, protos, ANY, channels);
+}
+
 static nccl_result stop(void* context_) {
   context* ctx = context_;
   if (ctx) free(ctx->rules);
@@ -286,6 +293,13 @@ typedef nccl_result (*coll_info_fn)(void*, int, size_t, int, float**, int, int, 
 typedef struct {
   const char* name;
   nccl_result (*init)(size_t, size_t, nccl_logger, void**);
+  nccl_result (*get_coll_info)(void*, int, size_t, int, float**, int, int, int*);
+  nccl_result (*destroy)(void*);
+} tuner_v3;
+
+typedef struct {
+  const char* name;
+  nccl_result (*init)(size_t, size_t, nccl_logger, void**);
   coll_info_fn get_coll_info;
   nccl_result (*destroy)(void*);
 } tuner_v4;
@@ -306,6 +320,7 @@ typedef struct {  /* v6 and v7 (v7 only enlarges the constants, which this plugi
 } tuner_v6;
 
 #define NAME "arxtune"
+const tuner_v3 ncclTunerPlugin_v3 = {NAME, init_v4, get_coll_info_v3, stop};
 const tuner_v4 ncclTunerPlugin_v4 = {NAME, init_v4, get_coll_info, stop};
 const tuner_v5 ncclTunerPlugin_v5 = {NAME, init_v5, get_coll_info, stop};
 const tuner_v6 ncclTunerPlugin_v6 = {NAME, init_v5, get_coll_info, stop, chunk_size};

@@ -21,7 +21,7 @@ from arxtune.runtime import native
 from arxtune.runtime.backends import split_name
 from arxtune.runtime.backends.nccl_variant import NcclVariant
 from arxtune.runtime.errors import ArxtuneError
-from arxtune.runtime.thresholds import Thresholds
+from arxtune.runtime.thresholds import Range, Thresholds, merge_adjacent
 
 SOURCE = Path(__file__).with_name("arxtune_tuner.c")
 PLUGIN_ENV = "NCCL_TUNER_PLUGIN"
@@ -58,7 +58,7 @@ def _dtype(available: set[str], wanted: str | None, where: str) -> str:
 
 
 def tuner_csv(thresholds: Thresholds, mode: str = "eager", dtype: str | None = None) -> TunerExport:
-    """The NCCL part of a thresholds file as the plugin's CSV: one rule per range an NCCL variant won.
+    """The NCCL part of a thresholds file as the plugin's CSV: one rule per run of sizes an NCCL variant won.
 
     NCCL's tuner sees neither dtype nor whether a graph is captured, so one
     table per (op, world size) is exported: `mode`'s, for `dtype` (default:
@@ -80,7 +80,7 @@ def tuner_csv(thresholds: Thresholds, mode: str = "eager", dtype: str | None = N
             continue
         run = thresholds.run(t.run_id)
         nodes = len(set(run.fingerprint.hostnames)) if run and run.fingerprint.hostnames else -1
-        for r in t.ranges:
+        for r in merge_adjacent([Range(r.lo, r.hi, r.backend) for r in t.ranges]):  # measured and model ranges alike
             try:
                 base, settings = split_name(r.backend)
                 v = NcclVariant.parse(settings) if base == "nccl" and settings else None

@@ -160,7 +160,11 @@ def calibrate(
     eager_from: Optional[str] = typer.Option(None, help="Timing view the eager table comes from: eager (back-to-back calls, default) or isolated (one call, host cost included)."),
     graph_from: str = typer.Option("graph", help="Timing view the graph table (used during CUDA-graph capture) comes from."),
     prefer: Optional[str] = typer.Option(None, help="The run (id or directory) that wins where runs conflict."),
-    export: Optional[str] = typer.Option(None, help="Also print as 'csv' (NCCL-tuner style) or 'table'."),
+    export: Optional[str] = typer.Option(None, help="Also print as 'csv' (arxtune's ranges, one line each) or 'table', or write "
+                                          "'nccl-tuner' (the policy file of arxtune's NCCL tuner plugin, see --tuner-out)."),
+    tuner_out: Optional[Path] = typer.Option(None, help="Where --export nccl-tuner writes (default: nccl-tuner.csv beside the thresholds file)."),
+    tuner_mode: str = typer.Option("eager", help="The runtime mode whose tables --export nccl-tuner exports (eager or graph)."),
+    tuner_dtype: Optional[str] = typer.Option(None, help="The dtype whose tables --export nccl-tuner exports (default: bfloat16, else float16, float32)."),
     install: bool = typer.Option(False, help="Also write to where deployments look ($ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
 ) -> None:
     """Turn runs into one thresholds file (which backend wins at which size, per mode and world size).
@@ -168,6 +172,8 @@ def calibrate(
     Examples:
 
       arxtune calibrate results/RUN --margin 0.1 --export table
+
+      arxtune calibrate results/RUN --export nccl-tuner    # then NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE (docs/nccl-tuner.md)
 
       arxtune calibrate results/TP2 results/TP4 results/TP8 --out thresholds.json --install
 
@@ -181,24 +187,80 @@ def calibrate(
     from arxtune.runtime.fileio import check_writable_file
 
     try:
-        if export not in (None, "csv", "table"):
-            raise ArxtuneError(f"unknown --export {export!r}; use csv or table")
+        if export not in (None, "csv", "table", "nccl-tuner"):
+            raise ArxtuneError(f"unknown --export {export!r}; use csv, table or nccl-tuner")
         if len(runs) > 1 and out is None and not install:
             raise ArxtuneError("several runs make one file: say where it goes with --out FILE (or --install)")
+        if export == "nccl-tuner" and tuner_out is None and out is None and len(runs) > 1:
+            raise ArxtuneError("say where the NCCL tuner file goes with --tuner-out FILE")
         loaded = [load_run(run) for run in runs]
         target = check_writable_file(out or loaded[0].path / "thresholds.json", "--out") if out is not None or len(loaded) == 1 else None
+        tuner_target = None
+        if export == "nccl-tuner":
+            tuner_target = check_writable_file(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out")
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
         thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
         if target is not None:
             typer.echo(f"thresholds: {thresholds.save(target)} ({describe_views(thresholds)})")
         if install:
             typer.echo(f"installed:  {thresholds.save(default_thresholds_path())}")
+        if tuner_target is not None:
+            _write_tuner_file(thresholds, tuner_target, tuner_mode, tuner_dtype)
         if export == "csv":
             typer.echo(thresholds.to_csv(), nl=False)
         elif export == "table":
             from rich.console import Console
 
             Console().print(thresholds_table(thresholds))
+    except (ArxtuneError, OSError) as exc:
+        _fail(exc)
+
+
+def _write_tuner_file(thresholds, target: Path, mode: str, dtype: Optional[str]) -> None:
+    """Write the NCCL tuner plugin's policy file and say how to turn the plugin on."""
+    from arxtune.runtime.fileio import write_text_atomic
+    from arxtune.runtime.nccl_tuner import CONFIG_ENV, PLUGIN_ENV, tuner_csv
+
+    export = tuner_csv(thresholds, mode, dtype)
+    write_text_atomic(target, export.text, "NCCL tuner file")
+    chosen = ", ".join(f"{op} w{world} {d}" for (op, world), d in export.dtypes.items())
+    typer.echo(f"nccl tuner: {target} ({export.rules} rules from the {mode} tables: {chosen}"
+               + ("; no NCCL variant won a range, so NCCL keeps its own choice everywhere" if not export.rules else "") + ")")
+    typer.echo(f"            turn it on: {PLUGIN_ENV}=$(arxtune nccl-tuner build) {CONFIG_ENV}={target.resolve()}")
+
+
+nccl_tuner_app = typer.Typer(add_completion=False, no_args_is_help=True, help="arxtune's NCCL tuner plugin: build it, export its policy file.")
+app.add_typer(nccl_tuner_app, name="nccl-tuner")
+
+
+@nccl_tuner_app.command("build")
+def nccl_tuner_build() -> None:
+    """Compile the plugin (once per source and machine) and print the path of its .so, for NCCL_TUNER_PLUGIN."""
+    from arxtune.runtime.nccl_tuner import build
+
+    try:
+        typer.echo(str(build()))
+    except ArxtuneError as exc:
+        _fail(exc)
+
+
+@nccl_tuner_app.command("export")
+def nccl_tuner_export(
+    thresholds: Path = typer.Argument(..., help="A thresholds file (arxtune calibrate's output)."),
+    out: Path = typer.Option(..., help="The CSV file to write, for NCCL_TUNER_CONFIG_FILE."),
+    mode: str = typer.Option("eager", help="The runtime mode whose tables are exported (eager or graph)."),
+    dtype: Optional[str] = typer.Option(None, help="The dtype whose tables are exported (default: bfloat16, else float16, float32)."),
+) -> None:
+    """Write the NCCL part of a thresholds file (the ranges NCCL variants won) as the plugin's policy file.
+
+    Example: arxtune nccl-tuner export results/RUN/thresholds.json --out nccl-tuner.csv
+    """
+    from arxtune.runtime.fileio import check_writable_file
+    from arxtune.runtime.thresholds import load
+
+    try:
+        loaded = load(thresholds)
+        _write_tuner_file(loaded, check_writable_file(out, "--out"), mode, dtype)
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
 
@@ -304,12 +366,13 @@ def e2e(
 
       arxtune e2e --model /models/llama --tp 2 --nnodes 2 --node-rank 0 --master-addr node0   # and --node-rank 1 on node1
     """
+    from arxtune.runtime.backends import split_names
     from arxtune.runtime.dispatch import default_thresholds_path
     from arxtune.harness.e2e import E2EConfig, load_result, report_lines, run_e2e
 
     try:
         chosen = None if no_thresholds else str(thresholds or default_thresholds_path())
-        cfg = E2EConfig(thresholds=chosen, force=tuple(b for b in (force or "").split(",") if b),
+        cfg = E2EConfig(thresholds=chosen, force=tuple(split_names(force or "")),
                         model=model or E2EConfig.model, load_format=load_format, tensor_parallel_size=tp, dtype=dtype,
                         max_model_len=max_model_len, prompts=prompts, prompt_tokens=prompt_tokens,
                         decode_tokens=decode_tokens, rounds=rounds, repeats=repeats, out=out, timeout_s=timeout_s,

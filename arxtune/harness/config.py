@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from arxtune.runtime.backends import OPS, names as backend_names
+from arxtune.runtime.backends import OPS, names as backend_names, problem as backend_problem, split_names, with_variants
 from arxtune.runtime.ops import DTYPES
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.units import format_bytes, parse_bytes
@@ -25,7 +25,8 @@ class SweepConfig:
     """What to measure and how long to spend on it."""
 
     backends: tuple[str, ...] = tuple(backend_names())
-    """Backends to try; ones that cannot run here are recorded with the reason."""
+    """Backends to try; ones that cannot run here are recorded with the reason. A variant is named
+    base[key=value,...], e.g. nccl[proto=LL,channels=4] (or listed in backend_options.nccl.variants)."""
     ops: tuple[str, ...] = OPS
     """Collectives to time: all_reduce, all_gather, reduce_scatter."""
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -56,12 +57,13 @@ class SweepConfig:
     out: str = "results"
     """Directory that receives one sub-directory per run."""
     backend_options: dict = field(default_factory=dict)
-    """Per-backend options, e.g. {arx = {devices = ["rxe0"], max_bytes = "8MiB"}}."""
+    """Per-backend options, e.g. {arx = {devices = ["rxe0"], max_bytes = "8MiB"}}; a `variants` list
+    adds one backend per entry, e.g. {nccl = {variants = ["proto=LL", "proto=Simple,channels=4"]}}."""
 
     def __post_init__(self) -> None:
-        unknown = [b for b in self.backends if b not in backend_names()]
-        if unknown:
-            raise ArxtuneError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(backend_names())}")
+        bad = [p for p in map(backend_problem, self.backends) if p]
+        if bad:
+            raise ArxtuneError(f"backends: {'; '.join(bad)}")
         bad_ops = [o for o in self.ops if o not in OPS]
         if bad_ops:
             raise ArxtuneError(f"unknown op(s) {', '.join(bad_ops)}; known: {', '.join(OPS)}")
@@ -88,11 +90,19 @@ class SweepConfig:
             raise ArxtuneError("point_budget_s and timeout_s must be positive numbers, warmup_iters not negative")
         if not (self.backends and self.ops and self.dtypes and self.modes):
             raise ArxtuneError("backends, ops, dtypes and modes must each name at least one entry")
-        if self.baseline is not None and self.baseline not in backend_names():
-            raise ArxtuneError(f"unknown baseline {self.baseline!r}; known: {', '.join(backend_names())}")
+        if self.baseline is not None and (why := backend_problem(self.baseline)):
+            raise ArxtuneError(f"unknown baseline {self.baseline!r} ({why})")
         bad_options = [k for k, v in self.backend_options.items() if not isinstance(v, dict)]
         if bad_options:
             raise ArxtuneError(f"backend_options.{bad_options[0]} must be a table, e.g. {{arx = {{devices = [\"rxe0\"]}}}}")
+        self.timed_backends()
+
+    def timed_backends(self) -> tuple[str, ...]:
+        """`backends` with each one's variants (backend_options.NAME.variants) after it: what the sweep opens."""
+        try:
+            return with_variants(self.backends, self.backend_options)
+        except (ValueError, KeyError) as exc:
+            raise ArxtuneError(f"backend_options: {exc}") from None
 
     def with_overrides(self, **overrides) -> "SweepConfig":
         """A copy with the given fields replaced; None means 'keep'."""
@@ -115,7 +125,7 @@ _TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, fl
 def _coerce(key: str, value):
     """One field's value in the type SweepConfig holds, or an ArxtuneError naming the key."""
     if key in _LIST_FIELDS:
-        items = value.split(",") if isinstance(value, str) else value
+        items = split_names(value) if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
             raise ArxtuneError(f"bad config value: {key} must be a list of names, e.g. {key} = [\"a\", \"b\"]")
         return tuple(v.strip() for v in items)

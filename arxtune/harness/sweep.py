@@ -386,7 +386,7 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
     if error:
         raise ArxtuneError(error)
     config = run_config
-    ready, status = open_backends(config.backends, ctx)
+    ready, status = open_backends(config.timed_backends(), ctx)
     try:
         if writer:
             writer.meta.fabric_floor_us = fabric_floor_us(ready)

@@ -12,8 +12,8 @@ in the graph table. Per call: one dict get, one bisect, the backend's
 
 Overrides: ARXTUNE_OVERRIDES, the same on every rank, items separated by ','
 or ';', each `OP[/DTYPE][@MODE]:LO-[HI]=BACKEND`, sizes in bytes or with a unit,
-LO inclusive, HI exclusive (empty = no limit), e.g.
-`all_reduce:0-64KiB=arx; all_gather/bfloat16@graph:1MiB-=nccl`.
+LO inclusive, HI exclusive (empty = no limit), BACKEND a name or a variant, e.g.
+`all_reduce:0-64KiB=arx; all_reduce:64KiB-1MiB=nccl[proto=LL,channels=4]; all_gather/bfloat16@graph:1MiB-=nccl`.
 
 Fingerprint: ARXTUNE_FINGERPRINT=strict makes a file measured on something
 other than the running group (hosts, devices, driver, torch, NCCL, RDMA
@@ -42,7 +42,10 @@ from arxtune.runtime import env
 
 ENV_OVERRIDES = env.OVERRIDES.name
 ENV_FINGERPRINT = env.FINGERPRINT.name
-_OVERRIDE = re.compile(r"(?P<op>\w+)(?:/(?P<dtype>\w+))?(?:@(?P<mode>\w+))?:(?P<lo>[^-=]*)-(?P<hi>[^=]*)=(?P<backend>[\w.-]+)")
+_OVERRIDE = re.compile(r"(?P<op>\w+)(?:/(?P<dtype>\w+))?(?:@(?P<mode>\w+))?:(?P<lo>[^-=]*)-(?P<hi>[^=]*)="
+                       r"(?P<backend>[\w.-]+(?:\[[^\[\]]*\])?)")
+#: Items are separated by ',' or ';' outside a variant's brackets (nccl[proto=LL,channels=4]).
+_ITEM_SEPARATOR = re.compile(r"[,;](?![^\[]*\])")
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class Override:
 def parse_overrides(text: str) -> tuple[Override, ...]:
     """ARXTUNE_OVERRIDES' value -> overrides; anything unreadable is one ArxtuneError naming the item."""
     found = []
-    for item in filter(None, (part.strip() for part in re.split(r"[,;]", text or ""))):
+    for item in filter(None, (part.strip() for part in _ITEM_SEPARATOR.split(text or ""))):
         match = _OVERRIDE.fullmatch(item.replace(" ", ""))
         if not match:
             raise ArxtuneError(f"{ENV_OVERRIDES}: cannot read {item!r}; write OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, e.g. all_reduce:0-64KiB=arx")

@@ -151,7 +151,8 @@ class Thresholds:
         return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n", "thresholds file")
 
     def to_csv(self) -> str:
-        """NCCL-tuner-style lines: first match wins, -1 is a wildcard / no bound."""
+        """arxtune's ranges, one line each, in the spirit of NCCL's tuner files (first match wins, -1 a wildcard / no
+        bound) but not their format: the NCCL tuner plugin reads arxtune.runtime.nccl_tuner.tuner_csv()'s file."""
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(["collective", "min_bytes", "max_bytes", "backend", "dtype", "mode", "nNodes", "nRanks"])

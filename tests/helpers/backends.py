@@ -114,3 +114,30 @@ class SmallOnly(CountingGloo):
 
     def supports(self, op, dtype, nbytes):
         return nbytes <= 1024
+
+
+class _Tag:
+    def __init__(self, tag: str):
+        self.tag = tag
+
+    def settings(self) -> dict[str, str]:
+        return {"tag": self.tag}
+
+
+class TaggedGloo(GlooBackend):
+    """gloo with variants (`tagged[tag=x]`): the registry's variant plumbing on CPU, as nccl[proto=LL] uses it on GPUs."""
+
+    name = "tagged"
+
+    @staticmethod
+    def parse_variant(settings: dict[str, str]) -> _Tag:
+        if set(settings) != {"tag"} or not settings["tag"].isalnum():
+            raise ValueError("tagged variants set tag=WORD")
+        return _Tag(settings["tag"])
+
+    def __init__(self, ctx, variant: _Tag | None = None):
+        super().__init__(ctx)
+        self.variant = variant
+
+    def effective_options(self):
+        return {"variant": self.variant.settings()} if self.variant else {}

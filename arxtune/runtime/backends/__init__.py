@@ -2,11 +2,20 @@
 
 Importing lazily keeps optional dependencies (pyverbs, vLLM) out of start-up
 and turns a missing one into a recorded reason instead of an ImportError.
+
+Variants: `base[key=value,...]` names the registered backend `base` opened
+with those settings, e.g. `nccl[proto=LL,channels=4]`. A class that has
+variants defines `parse_variant(settings: dict[str, str])`, which returns an
+object with `settings()` (the canonical settings, what the name shows) or
+raises ValueError, and takes that object as its constructor's `variant`. A
+backend's `variants` option (`backend_options.nccl.variants = ["proto=LL"]`)
+adds one such backend per entry after the base (`with_variants`).
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 
 from arxtune.runtime.backends.base import OPS, Backend, BackendUnavailable, GroupContext
 from arxtune.runtime import env
@@ -91,9 +100,90 @@ def backend_class(name: str) -> type:
     return getattr(module, class_name)
 
 
+_VARIANT = re.compile(r"(?P<base>\w+)\[(?P<body>[^\[\]]*)\]")
+#: A comma outside brackets: where lists of backend names split.
+_NAME_SEPARATOR = re.compile(r",(?![^\[]*\])")
+
+
+def split_names(text: str) -> list[str]:
+    """'nccl,nccl[proto=LL,channels=4]' -> ['nccl', 'nccl[proto=LL,channels=4]']: commas inside brackets stay."""
+    return [part.strip() for part in _NAME_SEPARATOR.split(text) if part.strip()]
+
+
+def split_name(name: str) -> tuple[str, dict[str, str]]:
+    """'nccl[proto=LL,channels=4]' -> ('nccl', {'proto': 'LL', 'channels': '4'}); a plain name -> (name, {})."""
+    if "[" not in name and "]" not in name:
+        return name, {}
+    match = _VARIANT.fullmatch(name)
+    if not match:
+        raise ValueError(f"{name!r} must look like backend[key=value,...]")
+    settings: dict[str, str] = {}
+    for item in match["body"].split(","):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if not (equals and key and value) or key in settings:
+            raise ValueError(f"{name!r}: each setting is key=value, each key once")
+        settings[key] = value
+    return match["base"], settings
+
+
+def variant_of(name: str) -> tuple[type, object | None]:
+    """The class behind `name` and its parsed variant (None for a plain name).
+
+    KeyError: no such backend; ValueError: settings its class does not take;
+    BackendUnavailable: its module does not import here."""
+    base, settings = split_name(name)
+    cls = backend_class(base)
+    if not settings:
+        return cls, None
+    parse = getattr(cls, "parse_variant", None)
+    if parse is None:
+        raise ValueError(f"{base} has no variants")
+    return cls, parse(settings)
+
+
+def canonical(name: str) -> str:
+    """The name a variant is recorded under: settings in the class's order and spelling. ValueError/KeyError as variant_of."""
+    base, settings = split_name(name)
+    if not settings:
+        return name
+    variant = variant_of(name)[1]
+    return f"{base}[{','.join(f'{k}={v}' for k, v in variant.settings().items())}]"
+
+
+def problem(name: str) -> str:
+    """Why `name` cannot be opened as written ('' when it can), for config checks."""
+    try:
+        if split_name(name)[0] not in REGISTRY:
+            return f"unknown backend {name!r}; known: {', '.join(names())}"
+        if canonical(name) != name:
+            return f"write {name!r} as {canonical(name)!r}"
+    except (ValueError, BackendUnavailable) as exc:
+        return str(getattr(exc, "reason", exc))
+    return ""
+
+
+def with_variants(wanted: tuple[str, ...] | list[str], options: dict) -> tuple[str, ...]:
+    """The backends to open: each wanted one, followed by the variants its `variants` option lists. ValueError when one is bad."""
+    found: list[str] = []
+    for name in wanted:
+        variants = options.get(name, {}).get("variants", []) if isinstance(options.get(name), dict) else []
+        if not isinstance(variants, (list, tuple)) or not all(isinstance(v, str) for v in variants):
+            raise ValueError(f"backend_options.{name}.variants must be a list of strings like \"proto=LL,channels=4\"")
+        for each in (name, *(canonical(f"{name}[{v}]") for v in variants)):
+            if each in found:
+                raise ValueError(f"{each} is named twice")
+            found.append(each)
+    return tuple(found)
+
+
 def create(name: str, ctx: GroupContext) -> Backend:
-    """Build a backend or raise BackendUnavailable with the reason."""
-    return backend_class(name)(ctx)
+    """Build a backend (or a variant of one) or raise BackendUnavailable with the reason."""
+    try:
+        cls, variant = variant_of(name)
+    except ValueError as exc:
+        raise BackendUnavailable(str(exc)) from None
+    return cls(ctx) if variant is None else cls(ctx, variant=variant)
 
 
-__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "check_extra", "create", "names", "register"]
+__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "canonical", "check_extra", "create", "names",
+           "problem", "register", "split_name", "split_names", "with_variants"]

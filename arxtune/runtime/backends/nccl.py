@@ -15,10 +15,17 @@ sample's two events (cuEventRecord), so the interval holds the launches and not
 the calls into and out of Python around them. Where the loop cannot be built
 (no C compiler), or with ARXTUNE_NCCL_LOOP=python, they launch from Python; the
 run's backend options say which (`eager_loop`, `eager_events`).
+
+Variants (`nccl[proto=LL]`, `nccl[algo=Ring,channels=4]`; nccl_variant.py)
+are communicators of their own, created with that protocol, algorithm or
+channel count: NCCL then uses it for every call, so the sweep times NCCL as a
+tuner plugin would have it at each size. A setting NCCL refuses at creation
+is the variant's availability reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import glob
@@ -34,6 +41,7 @@ import torch.distributed as dist
 from arxtune.runtime import native
 from arxtune.runtime.distributed import gather_objects
 from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime.backends.nccl_variant import NcclVariant
 from arxtune.runtime import env
 
 ENV_LIBRARY = env.NCCL_LIBRARY.name
@@ -47,6 +55,47 @@ SUM = 0
 
 class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_byte * 128)]
+
+
+#: NCCL_CONFIG_UNDEF_INT: a field of ncclConfig_t that NCCL fills with its default.
+CONFIG_UNDEF = -(2**31)
+
+
+class CommConfig(ctypes.Structure):
+    """The leading fields of ncclConfig_t (nccl.h, NCCL 2.17 on). NCCL copies `size` bytes of it over
+    its defaults, so fields after these keep NCCL's defaults; `version` 2.17.0 says these are set."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint), ("blocking", ctypes.c_int),
+                ("cgaClusterSize", ctypes.c_int), ("minCTAs", ctypes.c_int), ("maxCTAs", ctypes.c_int),
+                ("netName", ctypes.c_char_p)]
+
+    @classmethod
+    def with_channels(cls, channels: int) -> "CommConfig":
+        """NCCL's defaults but exactly `channels` channels (CTAs)."""
+        return cls(ctypes.sizeof(cls), 0xCAFEBEEF, 21700, CONFIG_UNDEF, CONFIG_UNDEF, channels, channels, None)
+
+
+@contextlib.contextmanager
+def nccl_environment(values: dict[str, str]):
+    """Set NCCL variables only around the creation of one communicator, then put back what was there.
+
+    NCCL reads NCCL_PROTO and NCCL_ALGO each time it creates a communicator
+    (ncclCommInitRank sets up its tuning model from them) and never again for
+    that communicator, so a variant's settings hold for its communicator alone
+    and other backends of the process keep theirs. Channel counts do not go
+    this way: NCCL reads NCCL_MIN/MAX_NCHANNELS once per process, so they go
+    through ncclConfig_t (CommConfig). Variables the user set are restored.
+    """
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _candidates() -> list[str]:
@@ -74,6 +123,9 @@ class NcclLibrary:
         self._sig("ncclGetVersion", [ctypes.POINTER(ctypes.c_int)])
         self._sig("ncclGetUniqueId", [ctypes.POINTER(UniqueId)])
         self._sig("ncclCommInitRank", [ctypes.POINTER(comm), i, UniqueId, i])
+        self.has_config = hasattr(self.lib, "ncclCommInitRankConfig")  # NCCL 2.14 on
+        if self.has_config:
+            self._sig("ncclCommInitRankConfig", [ctypes.POINTER(comm), i, UniqueId, i, ctypes.POINTER(CommConfig)])
         self._sig("ncclCommDestroy", [comm])
         self._sig("ncclAllReduce", [vp, vp, sz, i, i, comm, vp])
         self._sig("ncclAllGather", [vp, vp, sz, i, comm, vp])
@@ -178,8 +230,11 @@ class NcclBackend:
     capturable = True
     device_type = "cuda"
     ops: ClassVar[tuple[str, ...]] = ("all_reduce", "all_gather", "reduce_scatter")
+    #: `nccl[proto=LL,channels=4]`: the registry's variants (backends/__init__.py).
+    parse_variant = staticmethod(NcclVariant.parse)
 
-    def __init__(self, ctx: GroupContext):
+    def __init__(self, ctx: GroupContext, variant: NcclVariant | None = None):
+        self.variant = variant or NcclVariant()
         if ctx.device.type != "cuda":
             raise BackendUnavailable(f"nccl runs on CUDA tensors; this run uses {ctx.device.type}")
         if not dist.is_initialized():
@@ -193,14 +248,31 @@ class NcclBackend:
         ctypes.memmove(uid.internal, root_id, len(uid.internal))
         self.comm = ctypes.c_void_p()
         with torch.cuda.device(ctx.device):
-            self.nccl.check(self.nccl.lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank),
-                            "ncclCommInitRank")
+            self._init_comm(world, uid, rank)
         self.device_index = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
         self._stream = torch._C._cuda_getCurrentRawStream  # the raw cudaStream_t of the current (or capturing) stream
         lib = self.nccl.lib
         #: op -> (entry point, whether it takes a reduction, whether its count is the output's)
         self._entries = {"all_reduce": (lib.ncclAllReduce, True, False), "all_gather": (lib.ncclAllGather, False, False),
                          "reduce_scatter": (lib.ncclReduceScatter, True, True)}
+
+    def _init_comm(self, world: int, uid: UniqueId, rank: int) -> None:
+        """Create the communicator with the variant's settings; NCCL's refusal is the variant's reason."""
+        variant, lib = self.variant, self.nccl.lib
+        if variant.channels is not None and not (self.nccl.has_config and self.nccl.version() >= 21700):
+            raise BackendUnavailable("a channel count needs ncclCommInitRankConfig (NCCL 2.17 or newer)")
+        try:
+            with nccl_environment(variant.environment()):
+                if variant.channels is None:
+                    self.nccl.check(lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank), "ncclCommInitRank")
+                else:
+                    config = CommConfig.with_channels(variant.channels)
+                    self.nccl.check(lib.ncclCommInitRankConfig(ctypes.byref(self.comm), world, uid, rank, ctypes.byref(config)),
+                                    "ncclCommInitRankConfig")
+        except RuntimeError as exc:
+            if not variant.settings():
+                raise
+            raise BackendUnavailable(f"NCCL refused {variant.settings()}: {exc}") from None
 
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
         return dtype in DTYPES
@@ -236,7 +308,8 @@ class NcclBackend:
 
     def effective_options(self) -> dict:
         loop = launch_loop()[1]
-        return {"eager_loop": loop, "eager_events": event_record()[1] if loop == "c" else "python"}
+        variant = {"variant": self.variant.settings()} if self.variant.settings() else {}
+        return {"eager_loop": loop, "eager_events": event_record()[1] if loop == "c" else "python", **variant}
 
     def all_reduce(self, inp: torch.Tensor, out: torch.Tensor) -> None:
         self._launch("all_reduce", inp, out)

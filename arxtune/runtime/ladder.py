@@ -363,6 +363,8 @@ class Prober:
                 if not all(math.isfinite(s) for s in slowest):
                     failed[name] = failed[name] or "failed while timed on another rank"
                 samples[name].append(slowest)
+            if r + 1 >= MIN_ROUNDS and r + 1 < rounds and self.spent() >= self.budget:
+                break  # the budget is spent: the rounds so far decide (every rank stops after the same round)
         local = {}
         for name in live:
             if not failed[name]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,6 +13,9 @@ from helpers.runs import make_run
 
 TESTS = Path(__file__).parent
 _started = time.monotonic()
+# Communicators the tests start run the start-up ladder (ARXTUNE_BOOT=check by default): its runs go
+# to a scratch directory, not the user's ~/.cache/arxtune/boot/ (subprocesses inherit it).
+os.environ.setdefault("ARXTUNE_BOOT_OUT", tempfile.mkdtemp(prefix="arxtune-boot-"))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -24,7 +24,7 @@ from arxtune import __version__
 from arxtune.harness.decision import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
-from arxtune.runtime.thresholds import MODES, BackendSetup, Fingerprint, Model, Range, SourceRun, merge_adjacent, Table, Thresholds
+from arxtune.runtime.thresholds import MODES, BackendSetup, ranges_from_points, Fingerprint, Model, Range, SourceRun, merge_adjacent, Table, Thresholds
 
 DEFAULT_MARGIN = 0.05
 #: How far beyond the measured grid the models extend the table, in grid steps.
@@ -58,19 +58,6 @@ def _predicted_winner(models: list[Model], nbytes: float, baseline: str, margin:
     if baseline in times and best != baseline and times[best] * (1 + margin) >= times[baseline]:
         return baseline
     return best
-
-
-def _ranges(points: list[tuple[float, str, str]]) -> tuple[Range, ...]:
-    """Sorted (bytes, backend, source) -> contiguous ranges with geometric-midpoint boundaries."""
-    ranges: list[Range] = []
-    for i, (size, backend, source) in enumerate(points):
-        lo = 0 if i == 0 else int(math.ceil(math.sqrt(points[i - 1][0] * size)))
-        if ranges and ranges[-1].backend == backend and ranges[-1].source == source:
-            continue
-        if ranges:
-            ranges[-1] = Range(ranges[-1].lo, lo, ranges[-1].backend, ranges[-1].source)
-        ranges.append(Range(lo, None, backend, source))
-    return tuple(ranges)
 
 
 def cap_ranges(ranges: tuple[Range, ...], backend: str, limit: int, baseline: str) -> tuple[Range, ...]:
@@ -110,7 +97,7 @@ def _op_tables(run: Run, ok: pd.DataFrame, mode: str, view: str, baseline: str, 
             if (w := _predicted_winner(usable, size, baseline, margin)):
                 points.append((size, w, "model"))
         points.sort()
-        tables.append(Table(op, dtype, world, _ranges(points), mode, run.meta.run_id, view))
+        tables.append(Table(op, dtype, world, ranges_from_points(points), mode, run.meta.run_id, view))
     return tables, models
 
 

@@ -21,26 +21,24 @@ fastest correct backend serves.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
+
+from arxtune.runtime.decision import PointTimes
+from arxtune.runtime.decision import clearly_faster as point_clearly_faster
 
 #: Consecutive measured sizes a challenger must win to displace the baseline.
 MIN_RUN = 2
 
 
-def _rounds(row) -> tuple:
+def _times(row) -> PointTimes:
     rounds = row.get("round_medians_us")
-    return tuple(rounds) if isinstance(rounds, (tuple, list)) else ()
+    return PointTimes(float(row.median_us), tuple(rounds) if isinstance(rounds, (tuple, list)) else (),
+                      float(row.ci_low_us), float(row.ci_high_us))
 
 
 def clearly_faster(challenger, base, margin: float) -> bool:
-    """Whether one point (a frame row) beats the baseline's at the same size with confidence."""
-    if not challenger.median_us * (1 + margin) < base.median_us:
-        return False
-    mine, theirs = _rounds(challenger), _rounds(base)
-    if len(mine) >= 2 and len(mine) == len(theirs) and min(theirs) > 0:
-        return float(np.median([m / t for m, t in zip(mine, theirs)])) * (1 + margin) < 1
-    return challenger.ci_high_us < base.ci_low_us
+    """Whether one point (a frame row) beats the baseline's at the same size with confidence (the runtime's rule)."""
+    return point_clearly_faster(_times(challenger), _times(base), margin)
 
 
 def size_winner(rows: pd.DataFrame, baseline: str, margin: float) -> str | None:

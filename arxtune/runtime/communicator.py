@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from arxtune.runtime.backends.base import Backend, GroupContext
 from arxtune.runtime.backends.startup import default_baseline
+from arxtune.runtime import ladder
 from arxtune.runtime.dispatch import Dispatch, load_for_group
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.thresholds import Thresholds
@@ -57,7 +58,8 @@ class Communicator:
         fallback = default_baseline(ctx.device)
         preferred = baseline or (loaded.file.baseline if loaded.file else fallback)
         also = tuple(dict.fromkeys((preferred, fallback)))
-        self.dispatch = Dispatch(ctx, loaded, preferred, lambda name: name == preferred, also, capturing)
+        self.dispatch = Dispatch(ctx, loaded, preferred, lambda name: name == preferred, also, capturing,
+                                 ladder.candidates(ctx.device))
         backends = self.dispatch.backends
         self.baseline_name = preferred if preferred in backends else fallback
         if self.baseline_name not in backends:
@@ -66,7 +68,10 @@ class Communicator:
         self.baseline: Backend = backends[self.baseline_name]
         self.router = self.dispatch.router
         self.router.fallback = self.baseline_name
-        if loaded.why:
+        self.thresholds = self.dispatch.thresholds
+        if loaded.why and self.thresholds is not None:
+            log.info("arxtune: %s; the start-up ladder's tables serve instead", loaded.why)
+        elif loaded.why:
             log.warning("arxtune: using %s for every call: %s", self.baseline_name, loaded.why)
         for problem in self.dispatch.opened.problems:
             log.warning("arxtune: %s; those calls use %s", problem, self.baseline_name)

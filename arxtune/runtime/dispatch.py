@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from arxtune.runtime import env
+from arxtune.runtime import env, ladder
 from arxtune.runtime.backends.base import Backend, GroupContext
-from arxtune.runtime.backends.startup import agreed_reason
+from arxtune.runtime.backends.startup import agreed_reason, open_backends
 from arxtune.runtime.distributed import gather_objects
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.ops import OP_SPECS, dtype_name
-from arxtune.runtime.router import Opened, open_router
+from arxtune.runtime.router import Opened, backend_context, open_router
 from arxtune.runtime.thresholds import Thresholds, load
+
+log = logging.getLogger("arxtune")
 
 
 def default_thresholds_path() -> Path:
@@ -117,12 +120,38 @@ class Dispatch:
     """
 
     def __init__(self, ctx: GroupContext, loaded: Loaded, fallback: str, native: Callable[[str], bool],
-                 also_open: tuple[str, ...] = (), capturing: Callable[[], bool] | None = None):
+                 also_open: tuple[str, ...] = (), capturing: Callable[[], bool] | None = None,
+                 candidates: tuple[str, ...] = ()):
         self.ctx = ctx
         self.loaded = loaded
-        self.opened: Opened = open_router(loaded.usable, ctx, fallback, native, capturing or capture_check(ctx.device),
-                                          also_open)
+        thresholds, ready, self.ladder = loaded.usable, None, None
+        policy = ladder.policy()
+        if policy != "off":  # the start-up ladder (ARXTUNE_BOOT): `candidates` serve a group without a file under adjust
+            thresholds, ready = self._ladder(policy, thresholds, also_open, candidates, fallback)
+        self.opened: Opened = open_router(thresholds, ctx, fallback, native, capturing or capture_check(ctx.device),
+                                          also_open, ready=ready)
+        self.thresholds = thresholds  # what the router uses: the file, or the ladder's under adjust
+        if self.ladder is not None:
+            self.opened.line += ", " + self.ladder.line
         self.router = self.opened.router
+
+    def _ladder(self, policy: str, thresholds: Thresholds | None, also_open: tuple[str, ...], candidates: tuple[str, ...],
+                fallback: str) -> tuple[Thresholds | None, tuple[dict, dict] | None]:
+        """Open what the ladder times, run it, and hand the opened backends to the router; any failure keeps the file."""
+        ctx = self.ctx
+        if thresholds is not None:
+            wanted = sorted({r.backend for t in thresholds.tables if t.world_size == ctx.world_size for r in t.ranges})
+        else:
+            wanted = list(candidates) if policy == "adjust" else []
+        wanted = list(dict.fromkeys(list(also_open) + wanted))
+        baseline = thresholds.baseline if thresholds else (also_open[0] if also_open else fallback)
+        opened, status = open_backends(wanted, backend_context(ctx, thresholds))
+        try:
+            self.ladder = ladder.run(ctx, thresholds, opened, status, policy, tuple(wanted), baseline)
+        except Exception as exc:  # start-up goes on with the file as it is
+            log.warning("arxtune: start-up ladder failed (%s: %s); the thresholds file is used as it is", type(exc).__name__, exc)
+            self.ladder = ladder.Outcome(thresholds, f"ladder {policy}: failed ({type(exc).__name__})")
+        return self.ladder.thresholds if policy == "adjust" else thresholds, (opened, status)
 
     @property
     def backends(self) -> dict[str, Backend]:

@@ -44,6 +44,12 @@ OVERRIDES = _declare("ARXTUNE_OVERRIDES", "", "ranges laid over the calibrated t
 FINGERPRINT = _declare("ARXTUNE_FINGERPRINT", "warn", "warn: name what differs from the run a file was measured on and use it; "
                        "strict: fall back to the baseline instead")
 EXTRA_BACKENDS = _declare("ARXTUNE_EXTRA_BACKENDS", "", "site backends added to the registry: name=package.module:Class, ...")
+# -- the start-up ladder (arxtune.runtime.ladder)
+BOOT = _declare("ARXTUNE_BOOT", "check", "off: trust the thresholds file; check: time each boundary on the live group at "
+                "start-up and say whether it held; adjust: also move a contradicted boundary (and, with no file, build tables)")
+BOOT_BUDGET_S = _declare("ARXTUNE_BOOT_BUDGET_S", "1", "seconds the start-up ladder may spend in all (its backends' "
+                         "own timeouts come on top)")
+BOOT_OUT = _declare("ARXTUNE_BOOT_OUT", "", "where rank 0 writes the ladder's run (default ~/.cache/arxtune/boot/)")
 # -- the vLLM plugin
 VLLM_DISABLE = _declare("ARXTUNE_VLLM_DISABLE", "", "1: the plugin installs nothing and vLLM keeps its own communicator")
 VLLM_LOG = _declare("ARXTUNE_VLLM_LOG", "info", "what the plugin logs: info (start-up line and warnings), calls (also one "

@@ -24,6 +24,7 @@ devices) fall back to the baseline for every calibrated range; the default
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -222,15 +223,23 @@ def _fingerprint_check(thresholds: Thresholds, ctx: GroupContext) -> tuple[str, 
     return "fingerprint differs (" + "; ".join(differ) + ")", True
 
 
+def backend_context(ctx: GroupContext, thresholds: Thresholds | None) -> GroupContext:
+    """ctx with the options the file recorded per backend: backends open here as they were measured."""
+    setup = thresholds.backend_setup if thresholds else {}
+    return dataclasses.replace(ctx, options={**ctx.options, **{name: s.options for name, s in setup.items()}})
+
+
 def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str, native: Callable[[str], bool],
                 capturing: Callable[[], bool] | None = None, also_open: tuple[str, ...] = (),
-                overrides: tuple[Override, ...] | None = None) -> Opened:
+                overrides: tuple[Override, ...] | None = None, ready: tuple[dict, dict] | None = None) -> Opened:
     """Open what the file (and the overrides) name for this group and build the router.
 
     `native(name)`: whether the caller serves that backend's ranges itself (its
     baseline); `also_open`: backends the caller needs opened besides (e.g. the
     communicator's baseline). `overrides` default to ARXTUNE_OVERRIDES', whose
-    bad value raises ArxtuneError (the same on every rank).
+    bad value raises ArxtuneError (the same on every rank). `ready`: (backends,
+    status) already opened on every rank (the start-up ladder's), used instead
+    of opening them again; those not wanted are closed.
     """
     if overrides is None:
         overrides = parse_overrides(env.OVERRIDES.get())
@@ -250,9 +259,14 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
     setup = thresholds.backend_setup if thresholds else {}
     named = {r.backend for ranges in tables.values() for r in ranges}
     wanted = sorted(n for n in named if not native(n) and n not in also_open) + list(also_open)
-    options = {**ctx.options, **{name: s.options for name, s in setup.items()}}
-    opened, opened_status = open_backends(wanted, GroupContext(ctx.rank, ctx.world_size, ctx.local_rank, ctx.device,
-                                                                ctx.cpu_group, ctx.device_group, options))
+    have, have_status = ready or ({}, {})
+    opened, opened_status = open_backends([n for n in wanted if n not in have_status], backend_context(ctx, thresholds))
+    for name, backend in have.items():
+        if name in wanted:
+            opened[name] = backend
+        else:
+            backend.close()
+    opened_status.update({name: state for name, state in have_status.items() if name in wanted})
     for name, state in opened_status.items():
         if not state["available"]:
             problems.append(f"{name} cannot start ({state['reason']})")

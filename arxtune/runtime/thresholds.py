@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -173,6 +174,20 @@ def merge_adjacent(ranges: list[Range]) -> tuple[Range, ...]:
         else:
             merged.append(r)
     return tuple(merged)
+
+
+def ranges_from_points(points: list[tuple[float, str, str]]) -> tuple[Range, ...]:
+    """Sorted (bytes, backend, source) -> contiguous ranges with geometric-midpoint boundaries
+    (calibrate and the start-up ladder place boundaries alike)."""
+    ranges: list[Range] = []
+    for i, (size, backend, source) in enumerate(points):
+        lo = 0 if i == 0 else int(math.ceil(math.sqrt(points[i - 1][0] * size)))
+        if ranges and ranges[-1].backend == backend and ranges[-1].source == source:
+            continue
+        if ranges:
+            ranges[-1] = Range(ranges[-1].lo, lo, ranges[-1].backend, ranges[-1].source)
+        ranges.append(Range(lo, None, backend, source))
+    return tuple(ranges)
 
 
 def _fail(source: str, what: str) -> FormatError:

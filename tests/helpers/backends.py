@@ -141,3 +141,47 @@ class TaggedGloo(GlooBackend):
 
     def effective_options(self):
         return {"variant": self.variant.settings()} if self.variant else {}
+
+
+class SlowAbove(GlooBackend):
+    """gloo that sleeps 20 ms per call at inputs of ARXTUNE_TEST_SLOW_ABOVE bytes or more (default 8 KiB):
+    a backend a file claims fast where it is not; sleep-based, so a loaded box cannot blur it."""
+
+    name = "slowabove"
+    delay_s = 0.02
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.limit = int(os.environ.get("ARXTUNE_TEST_SLOW_ABOVE", "8192"))
+
+    def _wait(self, inp):
+        if inp.numel() * inp.element_size() >= self.limit:
+            import time
+
+            time.sleep(self.delay_s)
+
+    def all_reduce(self, inp, out):
+        self._wait(inp)
+        super().all_reduce(inp, out)
+
+    def all_gather(self, inp, out):
+        self._wait(inp)
+        super().all_gather(inp, out)
+
+    def reduce_scatter(self, inp, out):
+        self._wait(inp)
+        super().reduce_scatter(inp, out)
+
+
+class Hangs(GlooBackend):
+    """Every call waits ARXTUNE_TEST_HANG_S seconds (default 3) and then gives up with TimeoutError on every
+    rank, as a backend whose own wait is bounded: the ladder must count it a loss and still start in time."""
+
+    name = "hangs"
+
+    def all_reduce(self, inp, out):
+        import time
+
+        wait = float(os.environ.get("ARXTUNE_TEST_HANG_S", "3"))
+        time.sleep(wait)
+        raise TimeoutError(f"gave up after {wait:g} s")

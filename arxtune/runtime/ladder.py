@@ -1,0 +1,549 @@
+"""The start-up ladder: check a thresholds file's boundaries on the live group before serving.
+
+When a Dispatch opens (the communicator or the vLLM plugin), each boundary of
+the tables that apply (this world size, the file's dtypes; eager, and graph
+on CUDA where both sides can be captured) is timed at a few sizes around it:
+the backend the file gives each side, in interleaved rounds (the order
+reversed every other round), each sample the slowest rank's. At each size
+the file's choice keeps it unless the other side is clearly faster by the
+decision rule calibrate uses (arxtune.runtime.decision). Every result is
+checked exactly; a wrong result, an exception or a timeout loses, with a
+warning. The whole ladder stays within a budget (ARXTUNE_BOOT_BUDGET_S): the
+ranks agree on the time spent before every size, so they stop together.
+
+Rank 0 decides and every rank applies its verdict. ARXTUNE_BOOT: `check`
+(the default) says per boundary whether it held and warns once for each it
+contradicts; `adjust` moves those boundaries (and, with no file, builds
+tables from a coarse grid); `off` skips all of it. Rank 0 writes what was
+measured as a small run in the results format (ARXTUNE_BOOT_OUT, else
+~/.cache/arxtune/boot/), for `arxtune show`, `plot` and `calibrate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from arxtune.runtime import env
+from arxtune.runtime.backends.base import Backend, GroupContext
+from arxtune.runtime.decision import PointTimes, clearly_faster
+from arxtune.runtime.fingerprint import host_facts, nccl_version
+from arxtune.runtime.distributed import all_max, gather_objects, max_per_iteration
+from arxtune.runtime.ops import DTYPES, OP_SPECS, OPS, elements_per_rank, expected_output, make_input, mismatch
+from arxtune.runtime.thresholds import Range, Table, Thresholds, merge_adjacent, ranges_from_points
+from arxtune.runtime.timing import CudaBackToBackTimer, CudaGraphTimer, WallTimer
+from arxtune.runtime.units import format_bytes
+
+log = logging.getLogger("arxtune")
+
+POLICIES = ("off", "check", "adjust")
+KiB, MiB = 1024, 1024 * 1024
+#: Sizes probed around a boundary at b bytes: b/2 (the lower side), b and 2b (the upper side; lo is inclusive).
+PROBE_FACTORS = (0.5, 1, 2)
+#: The grid a deployment without a thresholds file is measured on under `adjust`.
+COARSE_GRID = (4 * KiB, 64 * KiB, 1 * MiB)
+#: Larger sizes are not probed: their buffers cost more memory and time than start-up should.
+MAX_PROBE_BYTES = 64 * MiB
+#: Rounds per size (fewer when the budget is short, never under 2: the rule pairs rounds), samples per round at most.
+ROUNDS, MIN_ROUNDS, MAX_SAMPLES_PER_ROUND = 4, 2, 4
+#: A sample holds as many calls as fit this long (1 to MAX_CALLS_PER_SAMPLE), from the checked call's time.
+SAMPLE_US, MAX_CALLS_PER_SAMPLE = 2000.0, 20
+#: The margin when no file gives one (calibrate's default).
+DEFAULT_MARGIN = 0.05
+#: (device type, mode) -> timer with `calls` calls per sample; a mode with no entry is not laddered.
+TIMERS = {
+    ("cpu", "eager"): lambda calls: WallTimer("eager", calls),
+    ("cuda", "eager"): CudaBackToBackTimer,
+    ("cuda", "graph"): CudaGraphTimer,
+}
+
+
+#: Device type -> built-in backends a communicator without a file compares with its baseline under `adjust`
+#: (site backends from ARXTUNE_EXTRA_BACKENDS join them); few, since each is opened and timed at start-up.
+CANDIDATES = {"cpu": ("vllm_cpu",), "cuda": ("symm_mem", "vllm_custom_ar")}
+
+
+def candidates(device: torch.device) -> tuple[str, ...]:
+    from arxtune.runtime.backends import BUILTIN, names
+
+    return CANDIDATES.get(device.type, ()) + tuple(n for n in names() if n not in BUILTIN)
+
+
+def policy() -> str:
+    """ARXTUNE_BOOT's value; an unknown one is a warning and `check`."""
+    value = env.BOOT.get().lower()
+    if value not in POLICIES:
+        log.warning("arxtune: %s=%r is not one of %s; using check", env.BOOT.name, value, ", ".join(POLICIES))
+        return "check"
+    return value
+
+
+def budget_s() -> float:
+    """ARXTUNE_BOOT_BUDGET_S in seconds; a bad value is a warning and the default."""
+    text = env.BOOT_BUDGET_S.get()
+    try:
+        value = float(text)
+        if math.isfinite(value) and value >= 0:
+            return value
+    except ValueError:
+        pass
+    log.warning("arxtune: %s=%r is not a number of seconds >= 0; using %s", env.BOOT_BUDGET_S.name, text, env.BOOT_BUDGET_S.default)
+    return float(env.BOOT_BUDGET_S.default)
+
+
+def out_dir() -> Path:
+    return Path(env.BOOT_OUT.get() or Path.home() / ".cache" / "arxtune" / "boot")
+
+
+# -- the pure parts: what to probe, who wins, where a boundary goes
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Where one table hands over from `below` to `above` (at `at` bytes, which `above` takes)."""
+
+    mode: str
+    op: str
+    dtype: str
+    at: int
+    below: str
+    above: str
+    lo: int  # where `below`'s range starts
+    hi: int | None  # where `above`'s range ends
+
+    def describe(self) -> str:
+        return f"{self.mode} {self.op}/{self.dtype} {self.below}|{self.above} at {format_bytes(self.at)}"
+
+    def choice(self, nbytes: int) -> str:
+        """The file's backend at `nbytes` (a probe lies within [lo, hi))."""
+        return self.below if nbytes < self.at else self.above
+
+
+def boundaries(tables: list[Table]) -> list[Boundary]:
+    """Every hand-over between two different backends in `tables`, in table order."""
+    return [Boundary(t.mode, t.op, t.dtype, b.lo, a.backend, b.backend, a.lo, b.hi)
+            for t in tables for a, b in zip(t.ranges, t.ranges[1:]) if a.backend != b.backend]
+
+
+def probe_sizes(boundary: Boundary, op: str, world: int, itemsize: int) -> list[int]:
+    """Bytes actually moved at b/2, b, 2b (whole elements per rank), inside the two ranges and MAX_PROBE_BYTES."""
+    sizes = set()
+    for factor in PROBE_FACTORS:
+        n = elements_per_rank(op, int(boundary.at * factor), world, itemsize)
+        nbytes = OP_SPECS[op].nbytes(n, world, itemsize)
+        if boundary.lo <= nbytes and (boundary.hi is None or nbytes < boundary.hi) and nbytes <= MAX_PROBE_BYTES:
+            sizes.add(nbytes)
+    return sorted(sizes)
+
+
+@dataclass
+class Measured:
+    """One backend at one size: 'ok' with samples in rounds, or why it lost ('wrong', 'error')."""
+
+    backend: str
+    status: str
+    rounds: list[list[float]] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and bool(self.rounds)
+
+    @property
+    def times(self) -> PointTimes:
+        return PointTimes.from_rounds(self.rounds)
+
+
+def winner(incumbent: str, challengers: list[str], measured: dict[str, Measured], margin: float) -> str:
+    """Who serves this size: the incumbent, unless a challenger is clearly faster (the fastest such), or it failed.
+
+    A backend that failed loses; when the incumbent failed, the fastest correct challenger serves.
+    """
+    good = [c for c in challengers if c in measured and measured[c].ok]
+    if incumbent not in measured or not measured[incumbent].ok:
+        return min(good, key=lambda c: measured[c].times.median_us) if good else incumbent
+    base = measured[incumbent].times
+    better = [c for c in good if clearly_faster(measured[c].times, base, margin)]
+    return min(better, key=lambda c: measured[c].times.median_us) if better else incumbent
+
+
+def placed(sizes: list[int], winners: list[str], below: str, above: str) -> int | None:
+    """Where the boundary goes by the winners at ascending `sizes`: between the last `below` win and the
+    first `above` win (geometric midpoint, as calibrate places it); None when they interleave (no clear place)."""
+    flips = [i for i in range(1, len(winners)) if winners[i] != winners[i - 1]]
+    if len(flips) > 1 or (flips and winners[0] != below):
+        return None
+    if not flips:
+        edge = sizes[-1] * 2 if winners[0] == below else sizes[0] / 2  # one step past the probes
+        pair = (sizes[-1], edge) if winners[0] == below else (edge, sizes[0])
+    else:
+        pair = (sizes[flips[0] - 1], sizes[flips[0]])
+    return int(math.ceil(math.sqrt(pair[0] * pair[1])))
+
+
+def move_boundary(ranges: tuple[Range, ...], at: int, new: int) -> tuple[Range, ...]:
+    """`ranges` with the hand-over at `at` moved to `new` (kept within its two ranges; one that empties goes)."""
+    i = next((k for k, r in enumerate(ranges) if r.lo == at and k > 0), None)
+    if i is None:
+        return ranges
+    a, b = ranges[i - 1], ranges[i]
+    new = max(new, a.lo) if b.hi is None else min(max(new, a.lo), b.hi)
+    out = list(ranges[:i - 1]) + [Range(a.lo, new, a.backend, "measured"), Range(new, b.hi, b.backend, "measured")] + list(ranges[i + 1:])
+    return merge_adjacent([r for r in out if r.hi is None or r.hi > r.lo])
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One boundary's verdict: 'held', 'moved' (to `new`), 'unclear' (winners interleave) or 'not judged' (why)."""
+
+    boundary: Boundary
+    verdict: str
+    new: int | None = None
+    why: str = ""
+    evidence: str = ""  # the sizes and medians behind a contradiction
+
+    def describe(self, adjust: bool = True) -> str:
+        b = self.boundary
+        where = f"{b.op}/{b.dtype}{'' if b.mode == 'eager' else '@' + b.mode} {b.below}|{b.above}"
+        if self.verdict == "moved":
+            return f"{where} {format_bytes(b.at)} -> {format_bytes(self.new)}" if adjust else \
+                f"{where} {format_bytes(b.at)} contradicted (ladder: {format_bytes(self.new)})"
+        return f"{where} {format_bytes(b.at)} {self.verdict}" + (f" ({self.why})" if self.why else "")
+
+
+def judge(boundary: Boundary, sizes: list[int], points: dict[int, dict[str, Measured]], margin: float) -> Judged:
+    """The verdict on one boundary from its measured sizes (those left out by the budget are missing from `points`)."""
+    measured = [s for s in sizes if s in points]
+    if not measured:
+        return Judged(boundary, "not judged", why="budget spent" if sizes else "no size to probe")
+    wins = [winner(boundary.choice(s), [boundary.below, boundary.above], points[s], margin) for s in measured]
+    if all(w == boundary.choice(s) for w, s in zip(wins, measured)):
+        return Judged(boundary, "held")
+    evidence = "; ".join(f"{format_bytes(s)}: " + ", ".join(
+        f"{name} {_show(points[s].get(name))}" for name in (boundary.below, boundary.above)) for s in measured)
+    new = placed(measured, wins, boundary.below, boundary.above)
+    if new is None:
+        return Judged(boundary, "unclear", why="the winners interleave", evidence=evidence)
+    return Judged(boundary, "moved", new, evidence=evidence)
+
+
+def _show(m: Measured | None) -> str:
+    if m is None:
+        return "not measured"
+    return f"{m.times.median_us:.1f} us" if m.ok else f"{m.status} ({m.error})"
+
+
+def adjusted(thresholds: Thresholds, verdicts: list[Judged], world: int) -> Thresholds:
+    """The file with every moved boundary of `world`'s tables at its new place (new Range tuples; the router does the rest)."""
+    tables = []
+    for t in thresholds.tables:
+        ranges = t.ranges
+        for j in verdicts:
+            b = j.boundary
+            if j.verdict == "moved" and t.world_size == world and (b.mode, b.op, b.dtype) == (t.mode, t.op, t.dtype):
+                ranges = move_boundary(ranges, b.at, j.new)
+        tables.append(dataclasses.replace(t, ranges=ranges))
+    return dataclasses.replace(thresholds, tables=tuple(tables))
+
+
+def coarse_tables(world: int, choices: dict[tuple[str, str], list[tuple[int, str]]], run_id: str) -> tuple[Table, ...]:
+    """Tables from the coarse ladder's (size, winner) per (op, dtype), boundaries placed as calibrate places them."""
+    return tuple(Table(op, dtype, world, ranges_from_points([(float(s), w, "measured") for s, w in points]), "eager", run_id, "eager")
+                 for (op, dtype), points in sorted(choices.items()) if points)
+
+
+# -- measuring on the group
+
+
+class Prober:
+    """Times backends at one (op, dtype, mode, size) on the group, within the budget; every rank calls it alike."""
+
+    def __init__(self, ctx: GroupContext, backends: dict[str, Backend], budget: float):
+        self.ctx = ctx
+        self.backends = backends
+        self.budget = budget
+        self.start = time.monotonic()
+        self.points: dict[tuple, Measured] = {}  # (backend, op, dtype, mode, nbytes) -> what was measured
+        self.warned: set[tuple] = set()
+
+    def spent(self) -> float:
+        """Seconds since the ladder began, the slowest rank's (so every rank decides alike)."""
+        return all_max(time.monotonic() - self.start, self.ctx.cpu_group)
+
+    def _sync(self) -> None:
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+
+    def _agreed(self, local: dict[str, str]) -> dict[str, str]:
+        """Per backend, the first rank's failure ('' when every rank succeeded)."""
+        answers = gather_objects(local, self.ctx.cpu_group)
+        return {name: next((f"rank {r}: {a[name]}" for r, a in enumerate(answers) if a.get(name)), "") for name in local}
+
+    def measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float) -> dict[str, Measured] | None:
+        """Each named backend at this size, or None when the budget is spent (then on every rank)."""
+        key = lambda name: (name, op, dtype, mode, nbytes)  # noqa: E731
+        todo = [n for n in names if key(n) not in self.points]
+        if todo:
+            spent = self.spent()
+            if spent >= self.budget:
+                return None
+            self._measure(todo, op, dtype, mode, nbytes, min(share_s, self.budget - spent))
+        if not all(key(n) in self.points for n in names):
+            return None
+        return {n: self.points[key(n)] for n in names}
+
+    def _measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float) -> None:
+        ctx, torch_dtype = self.ctx, DTYPES[dtype]
+        n = elements_per_rank(op, nbytes, ctx.world_size, torch_dtype.itemsize)
+        inp = make_input(op, n, ctx.rank, ctx.world_size, torch_dtype, ctx.device)
+        want = expected_output(op, n, ctx.rank, ctx.world_size, torch_dtype)
+        outs = {name: torch.empty(OP_SPECS[op].shapes(n, ctx.world_size)[1], dtype=torch_dtype, device=ctx.device) for name in names}
+        calls, took, local = {}, {}, {}
+        for name in names:  # the check: one call each, exact result, its time sizes the samples
+            backend, local[name] = self.backends[name], ""
+            try:
+                bind = getattr(backend, "bind", None)
+                calls[name] = bind(op, inp, outs[name]) if bind else (lambda b=backend, o=outs[name]: getattr(b, op)(inp, o))
+                begin = time.perf_counter()
+                calls[name]()
+                self._sync()
+                took[name] = time.perf_counter() - begin
+                local[name] = mismatch(outs[name], want) or ""
+                local[name] = f"wrong result: {local[name]}" if local[name] else ""
+            except Exception as exc:  # a backend's failure is its loss, never start-up's
+                local[name] = f"{type(exc).__name__}: {exc}"
+        failed = self._agreed(local)
+        cost = {name: all_max(took.get(name, 0.0), ctx.cpu_group) for name in names}
+        live = [name for name in names if not failed[name]]
+        per_call = {name: max(cost[name], 1e-6) for name in live}
+        sample_calls = {name: max(1, min(MAX_CALLS_PER_SAMPLE, int(SAMPLE_US * 1e-6 / per_call[name]))) for name in live}
+        sample_s = sum(sample_calls[name] * per_call[name] for name in live) or 1e-6
+        rounds = min(ROUNDS, int(share_s / sample_s))
+        if len(live) < 2 or rounds < MIN_ROUNDS:
+            for name in names:  # one correct backend needs no rounds: its checked call is its one sample
+                if failed[name] or len(live) == 1:
+                    self._record(name, op, dtype, mode, nbytes, failed[name], [] if failed[name] else [[cost[name] * 1e6]])
+            return  # two left and no time for two rounds: not measured, so not judged
+        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(share_s / (rounds * sample_s))))
+        timers, local = {}, {name: "" for name in live}
+        for name in live:
+            try:
+                timers[name] = TIMERS[(ctx.device.type, mode)](sample_calls[name])
+                timers[name].prepare(calls[name])
+                outs[name].zero_()  # the timed calls must write the result again: checked after the rounds
+            except Exception as exc:
+                local[name] = f"{type(exc).__name__}: {exc}"
+        failed.update(self._agreed(local))
+        live = [name for name in live if not failed[name]]
+        samples = {name: [] for name in live}
+        for r in range(rounds):
+            for name in (live if r % 2 == 0 else live[::-1]):
+                if failed[name]:
+                    continue
+                mine = []
+                for _ in range(per_round):
+                    try:
+                        dist.barrier(group=ctx.cpu_group)
+                        mine.append(timers[name].time_once(calls[name]))
+                    except Exception as exc:
+                        failed[name] = f"{type(exc).__name__} while timed: {exc}"
+                        break
+                mine += [math.inf] * (per_round - len(mine))  # a failure on any rank reaches every rank as inf
+                slowest = max_per_iteration(mine, ctx.cpu_group)
+                if not all(math.isfinite(s) for s in slowest):
+                    failed[name] = failed[name] or "failed while timed on another rank"
+                samples[name].append(slowest)
+            if r + 1 >= MIN_ROUNDS and r + 1 < rounds and self.spent() >= self.budget:
+                break  # the budget is spent: the rounds so far decide (every rank stops after the same round)
+        local = {}
+        for name in live:
+            if not failed[name]:
+                self._sync()
+                bad = mismatch(outs[name], want)
+                local[name] = f"wrong result after timing: {bad}" if bad else ""
+        failed.update({k: v for k, v in self._agreed(local).items() if v})
+        for name in names:
+            self._record(name, op, dtype, mode, nbytes, failed[name], samples.get(name, []))
+
+    def _record(self, name: str, op: str, dtype: str, mode: str, nbytes: int, error: str, rounds: list[list[float]]) -> None:
+        status = "ok" if not error else ("wrong" if error.split(": ", 1)[-1].startswith("wrong") else "error")
+        self.points[(name, op, dtype, mode, nbytes)] = Measured(name, status, [list(r) for r in rounds], error)
+        if error and self.ctx.rank == 0 and (name, op) not in self.warned:
+            self.warned.add((name, op))
+            log.warning("arxtune: start-up ladder: %s %s/%s %s at %s lost (%s)", name, op, dtype, mode, format_bytes(nbytes), error)
+
+
+# -- the ladder as a whole
+
+
+@dataclass
+class Outcome:
+    """What the ladder decided (the same on every rank): the thresholds to use, the start-up line's part, warnings."""
+
+    thresholds: Thresholds | None
+    line: str
+    warnings: list[str] = field(default_factory=list)
+    run_path: str = ""
+
+
+def modes_for(device: torch.device) -> tuple[str, ...]:
+    return tuple(m for m in ("eager", "graph") if (device.type, m) in TIMERS)
+
+
+def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Backend], status: dict[str, dict],
+        mode: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...] = ()) -> Outcome:
+    """The whole ladder on an opened group (a collective on ctx.cpu_group); rank 0's verdict for every rank.
+
+    `backends` are open on every rank (agreed); `candidates` are what a
+    deployment without a file may choose from beside `baseline`.
+    """
+    budget, started = budget_s(), _now()
+    prober = Prober(ctx, backends, budget)
+    if thresholds is None:
+        outcome = _build(ctx, prober, mode, candidates, baseline, dtypes)
+    else:
+        outcome = _check(ctx, prober, thresholds, mode, backends, status)
+    outcome.line += f" in {prober.spent():.2f} s of {budget:g}"
+    answers = gather_objects((outcome if ctx.rank == 0 else None, host_facts(ctx.device)), ctx.cpu_group)
+    outcome = answers[0][0]  # rank 0's verdict, on every rank
+    if ctx.rank == 0:
+        for warning in outcome.warnings:
+            log.warning("arxtune: %s", warning)
+        outcome.run_path = write_run(ctx, prober, thresholds.baseline if thresholds else baseline, started, status, mode,
+                                     [facts for _, facts in answers])
+    return outcome
+
+
+def _check(ctx: GroupContext, prober: Prober, thresholds: Thresholds, mode: str, backends: dict, status: dict) -> Outcome:
+    margin = thresholds.margin
+    tables = [t for t in thresholds.tables if t.world_size == ctx.world_size and t.mode in modes_for(ctx.device)]
+    plan, verdicts = [], []
+    for b in boundaries(tables):
+        if b.below not in backends or b.above not in backends:
+            missing = [n for n in (b.below, b.above) if n not in backends]
+            verdicts.append(Judged(b, "not judged", why=f"{', '.join(missing)} not open: {_reason(status, missing)}"))
+        elif b.mode == "graph" and not all(getattr(backends[n], "capturable", False) for n in (b.below, b.above)):
+            verdicts.append(Judged(b, "not judged", why="a side cannot be captured"))
+        else:
+            plan.append((b, probe_sizes(b, b.op, ctx.world_size, DTYPES[b.dtype].itemsize)))
+    left = sum(len(sizes) for _, sizes in plan)
+    for b, sizes in plan:
+        points = {}
+        for size in sizes:
+            share = max(0.0, prober.budget - prober.spent()) / max(left, 1)
+            left -= 1
+            got = prober.measure([b.below, b.above], b.op, b.dtype, b.mode, size, share)
+            if got is not None:
+                points[size] = got
+        verdicts.append(judge(b, sizes, points, margin))
+    return _verdict_outcome(thresholds, verdicts, mode, ctx.world_size)
+
+
+def _reason(status: dict, names: list[str]) -> str:
+    return "; ".join(status.get(n, {}).get("reason", "") or "not opened" for n in names)
+
+
+def _verdict_outcome(thresholds: Thresholds, verdicts: list[Judged], mode: str, world: int) -> Outcome:
+    counts = {v: sum(j.verdict == v for j in verdicts) for v in ("held", "moved", "unclear", "not judged")}
+    warnings = [f"start-up ladder contradicts {j.boundary.describe()}: the other side wins ({j.evidence})"
+                + ("; moved to " + format_bytes(j.new) if mode == "adjust" else
+                   f"; the file is used as it is ({env.BOOT.name}=adjust would move it to {format_bytes(j.new)})")
+                for j in verdicts if j.verdict == "moved"]
+    if not verdicts:
+        return Outcome(thresholds, f"ladder {mode}: no boundary to check")
+    said = {"held": "held", "moved": "moved" if mode == "adjust" else "contradicted", "unclear": "unclear", "not judged": "not judged"}
+    head = ", ".join(f"{n} {said[v]}" for v, n in counts.items() if n)
+    detail = "; ".join(j.describe(mode == "adjust") for j in verdicts)
+    moved = any(j.verdict == "moved" for j in verdicts)
+    use = adjusted(thresholds, verdicts, world) if mode == "adjust" and moved else thresholds
+    return Outcome(use, f"ladder {mode}: {len(verdicts)} boundaries, {head} ({detail})", warnings)
+
+
+def _build(ctx: GroupContext, prober: Prober, mode: str, candidates: tuple[str, ...], baseline: str,
+           dtypes: tuple[str, ...]) -> Outcome:
+    """No file: under `adjust`, tables from the coarse grid between the baseline and each candidate."""
+    if mode != "adjust":
+        return Outcome(None, f"ladder {mode}: no thresholds file, nothing to check ({env.BOOT.name}=adjust builds tables)")
+    challengers = [n for n in candidates if n != baseline and n in prober.backends]
+    if baseline not in prober.backends or not challengers:
+        return Outcome(None, f"ladder adjust: no thresholds file and no backend beside {baseline} to compare; {baseline} serves")
+    dtypes = dtypes or (("bfloat16",) if ctx.device.type == "cuda" else ("float32",))
+    plan = [(op, dtype, size) for dtype in dtypes for op in OPS for size in COARSE_GRID]
+    choices: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for i, (op, dtype, size) in enumerate(plan):
+        names = [baseline] + [n for n in challengers if op in getattr(prober.backends[n], "ops", OPS)]
+        n = elements_per_rank(op, size, ctx.world_size, DTYPES[dtype].itemsize)
+        nbytes = OP_SPECS[op].nbytes(n, ctx.world_size, DTYPES[dtype].itemsize)
+        share = max(0.0, prober.budget - prober.spent()) / (len(plan) - i)
+        got = prober.measure(names, op, dtype, "eager", nbytes, share)
+        if got is not None:
+            choices.setdefault((op, dtype), []).append((nbytes, winner(baseline, names[1:], got, DEFAULT_MARGIN)))
+    if not choices:
+        return Outcome(None, f"ladder adjust: no thresholds file and the budget ran out before a size was measured; {baseline} serves")
+    run_id = "boot"
+    tables = coarse_tables(ctx.world_size, choices, run_id)
+    built = Thresholds(baseline, DEFAULT_MARGIN, {"source": "start-up ladder", "grid": list(COARSE_GRID)}, tables)
+    taken = "; ".join(f"{t.op}/{t.dtype} " + ", ".join(f"[{format_bytes(r.lo)}, {'inf' if r.hi is None else format_bytes(r.hi)}) {r.backend}"
+                                                         for r in t.ranges) for t in tables)
+    measured = sum(len(p) for p in choices.values())
+    return Outcome(built, f"ladder adjust: no thresholds file; built {len(tables)} eager tables from {measured} of {len(plan)} "
+                          f"sizes ({taken})")
+
+
+# -- evidence
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, status: dict, mode: str,
+              hosts: list[dict] | None = None) -> str:
+    """What was measured, as a run in the results format (meta.json + points.csv); a failure is a warning."""
+    import csv
+    import io
+
+    from arxtune import __version__
+    from arxtune.runtime.fileio import write_text_atomic
+
+    records = sorted(prober.points.items())
+    if not records:
+        return ""
+    run_id = f"boot-w{ctx.world_size}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}"
+    path = out_dir() / run_id
+    used = {name for (name, *_), _ in records}
+    meta = {"run_id": run_id, "world_size": ctx.world_size, "device_type": ctx.device.type, "baseline": baseline,
+            "config": {"step_factor": 2.0}, "started": started, "finished": _now(), "version": 2,
+            "arxtune_version": __version__, "torch_version": torch.__version__, "nccl_version": nccl_version(ctx.device),
+            "driver_version": hosts[0]["driver"] if hosts else None, "rdma_devices": hosts[0]["rdma_devices"] if hosts else [],
+            "hostnames": [h["hostname"] for h in hosts or []], "device_names": [h["device"] for h in hosts or []],
+            "fabric_floor_us": None,
+            "command": f"start-up ladder ({env.BOOT.name}={mode})",
+            "backends": {name: {k: v for k, v in status.get(name, {"available": True, "reason": ""}).items()
+                                if k in ("available", "reason", "capturable", "ops", "capacity", "options")} for name in sorted(used)}}
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["backend", "op", "dtype", "mode", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"])
+    for (name, op, dtype, m, nbytes), got in records:
+        flat = [s for r in got.rounds for s in r] if got.ok else []
+        writer.writerow([name, op, dtype, m, nbytes, nbytes, ctx.world_size, got.status,
+                         len(flat), " ".join(str(len(r)) for r in got.rounds) if got.ok else "",
+                         " ".join(f"{s:.3f}" for s in flat), " ".join(got.error.split())])
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+        write_text_atomic(path / "points.csv", text.getvalue(), "ladder points")
+        write_text_atomic(path / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n", "ladder metadata")
+    except Exception as exc:  # evidence is worth a warning, never a failed start-up
+        log.warning("arxtune: start-up ladder: cannot write its run to %s (%s)", path, exc)
+        return ""
+    return str(path)

@@ -1,0 +1,180 @@
+"""How collective calls are timed; the harness picks a timer per device and mode, the start-up ladder too.
+
+Each timer runs `op` one or more times per sample and returns microseconds
+per op. Three views of the same call:
+- `eager`: back-to-back calls between two events, divided by their count
+  (nccl-tests' definition: what a stream of launches sustains). On CPU tensors
+  the events are clock reads around as many synchronous calls.
+- `isolated`: one call between two events, synchronised before and after:
+  host launch and framework overhead included. On CPU tensors, one call right
+  after the harness's barrier: it also pays for the ranks leaving the barrier
+  at different moments, which on a busy host can outweigh the call itself.
+- `graph`: replays of a CUDA graph holding many calls, divided by their count;
+  enough calls per graph that the replay's own launch stays small.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol
+
+import torch
+
+Op = Callable[[], None]
+
+#: Calls per eager sample, as nccl-tests' default `-n 20`.
+EAGER_OPS_PER_SAMPLE = 20
+#: On CPU tensors an eager sample holds calls up to this many bytes (at least one):
+#: small calls need company to outweigh the ranks' skew leaving the barrier, while
+#: twenty multi-megabyte gloo calls per sample would make a sweep crawl.
+CPU_EAGER_SAMPLE_BYTES = 1 << 20
+#: Calls per captured graph. A replay's own launch measured about 6 us on an H200
+#: (benchmarks/timing_views.py), so 200 calls keep it near 3% of a 1 us op.
+GRAPH_OPS_PER_SAMPLE = 200
+#: Graphs a process captures and replays before the first one it times. On an H100
+#: (driver 580) the first two to four graphs of a process ran small device copies about
+#: 15% faster per call than every later graph (benchmarks/graph_order.py); a serving process
+#: captures dozens, so the later state is the one to measure.
+SETTLE_GRAPHS = 4
+_graphs_made = 0
+
+
+class Timer(Protocol):
+    mode: str
+    #: Calls per sample; the harness budgets samples with it.
+    ops_per_sample: int
+
+    def prepare(self, op: Op) -> None:
+        """One-time work before timing (graph capture)."""
+        ...
+
+    def time_once(self, op: Op) -> float:
+        """Microseconds per op for one sample."""
+        ...
+
+
+class WallTimer:
+    """The clock around `ops_per_sample` calls, per call; for CPU tensors, where a call is synchronous."""
+
+    def __init__(self, mode: str, ops_per_sample: int) -> None:
+        self.mode = mode
+        self.ops_per_sample = ops_per_sample
+
+    def prepare(self, op: Op) -> None:
+        pass
+
+    def time_once(self, op: Op) -> float:
+        start = time.perf_counter_ns()
+        for _ in range(self.ops_per_sample):
+            op()
+        return (time.perf_counter_ns() - start) / 1e3 / self.ops_per_sample
+
+
+class _CudaEvents:
+    def __init__(self) -> None:
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def prepare(self, op: Op) -> None:
+        pass
+
+    def _elapsed_us(self) -> float:
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) * 1e3
+
+
+class CudaBackToBackTimer(_CudaEvents):
+    """Events around `ops_per_sample` calls launched back to back: per-op time of a stream of calls."""
+
+    mode = "eager"
+
+    def __init__(self, ops_per_sample: int = EAGER_OPS_PER_SAMPLE) -> None:
+        super().__init__()
+        self.ops_per_sample = ops_per_sample
+
+    def time_once(self, op: Op) -> float:
+        repeat = getattr(op, "repeat", None)  # the backend launches the run and records the events (nccl: from C)
+        if repeat is not None:
+            repeat(self.ops_per_sample, self.start, self.end)
+        else:
+            self.start.record()
+            for _ in range(self.ops_per_sample):
+                op()
+            self.end.record()
+        return self._elapsed_us() / self.ops_per_sample
+
+
+class CudaIsolatedTimer(_CudaEvents):
+    """Events around one call on an idle stream: host launch and framework overhead included."""
+
+    mode = "isolated"
+    ops_per_sample = 1
+
+    def time_once(self, op: Op) -> float:
+        torch.cuda.current_stream().synchronize()
+        self.start.record()
+        op()
+        self.end.record()
+        return self._elapsed_us()
+
+
+class CudaGraphTimer(_CudaEvents):
+    """Capture `ops_per_sample` calls in one CUDA graph; a sample is one replay divided by that count."""
+
+    mode = "graph"
+
+    def __init__(self, ops_per_sample: int = GRAPH_OPS_PER_SAMPLE) -> None:
+        super().__init__()
+        self.ops_per_sample = ops_per_sample
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def prepare(self, op: Op) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            op()  # warm up on a side stream, as capture requires
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        while _graphs_made < SETTLE_GRAPHS:  # past the process's first graphs (SETTLE_GRAPHS)
+            self._capture(op).replay()
+            torch.cuda.synchronize()
+        self.graph = self._capture(op)
+
+    def _capture(self, op: Op) -> torch.cuda.CUDAGraph:
+        global _graphs_made
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(self.ops_per_sample):
+                op()
+        torch.cuda.synchronize()
+        _graphs_made += 1
+        return graph
+
+    def time_once(self, op: Op) -> float:
+        assert self.graph is not None, "prepare() captures the graph first"
+        self.start.record()
+        self.graph.replay()
+        self.end.record()
+        return self._elapsed_us() / self.ops_per_sample
+
+
+#: (device type, mode) -> timer factory. A mode with no timer for the device is not planned (graphs need CUDA).
+TIMERS: dict[tuple[str, str], Callable[[int], Timer]] = {
+    ("cpu", "eager"): lambda nbytes: WallTimer("eager", max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))),
+    ("cpu", "isolated"): lambda nbytes: WallTimer("isolated", 1),
+    ("cuda", "eager"): lambda nbytes: CudaBackToBackTimer(),
+    ("cuda", "isolated"): lambda nbytes: CudaIsolatedTimer(),
+    ("cuda", "graph"): lambda nbytes: CudaGraphTimer(),
+}
+
+
+def has_timer(device: torch.device, mode: str) -> bool:
+    return (device.type, mode) in TIMERS
+
+
+def make_timer(device: torch.device, mode: str, nbytes: int) -> Timer:
+    """The timer for one point: `nbytes` is the call's size, which some views size their samples by."""
+    try:
+        return TIMERS[(device.type, mode)](nbytes)
+    except KeyError:
+        raise ValueError(f"no {mode!r} timer for {device.type} tensors; known: {sorted(TIMERS)}") from None

@@ -5,7 +5,7 @@ segment and proxy), and a GPU rank with a CPU stand-in rank in another process.
 Graphs are captured once and replayed with new inputs each replay; eager calls
 run back to back without a sync between them; every result is checked bit for
 bit and across ranks. Every memory mode runs where the device allows it (test
-ids name it: `-k registered`, `-k direct`); a mode the device refuses is
+ids name it: `-k registered_memory`, `-k direct_memory`); a mode the device refuses is
 skipped with the device's reason. Skips without a GPU (CI has none).
 """
 
@@ -33,7 +33,8 @@ STANDIN = ROOT / "tests" / "helpers" / "arxg_standin.py"
 SALTS = 7
 
 
-MEMORY = ["registered", "direct"]
+#: test ids name the mode as `<mode>_memory`: `-k direct_memory` runs the direct mode's tests alone
+MEMORY = [pytest.param(m, id=f"{m}_memory") for m in ("registered", "direct")]
 
 
 def _allowed(memory: str) -> str:
@@ -105,7 +106,9 @@ def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype
         pair.close()
 
 
-@pytest.mark.parametrize("memory,launch", [("registered", "cached"), ("direct", "cached"), ("registered", "triton")])
+@pytest.mark.parametrize("memory,launch", [pytest.param(m, launch, id=f"{m}_memory-{launch}")
+                                           for m, launch in (("registered", "cached"), ("direct", "cached"),
+                                                             ("registered", "triton"))])
 @pytest.mark.parametrize("op,dtype,n", [
     ("all_reduce", torch.bfloat16, 8192),  # 16 KiB
     ("all_reduce", torch.float32, 250_000),  # many programs per kernel

@@ -31,7 +31,7 @@ LAUNCHES = ("cached", "triton")
 
 
 class HostPtr:
-    """A typed pointer into registered host memory, passed to Triton like a tensor."""
+    """A typed pointer into host memory the device reaches, passed to Triton like a tensor."""
 
     def __init__(self, address: int, dtype: torch.dtype):
         self.address, self.dtype = address, dtype
@@ -43,8 +43,8 @@ class HostPtr:
 class GpuRank:
     def __init__(self, session: Session, device: torch.device, memory: str = "auto", launch: str = "cached",
                  attributes=_memory.read_attributes):
-        """`memory`: "auto", "registered" or "direct" (memory.py); `attributes(ordinal)` reads the device's
-        (tests replace it). RdmaUnavailable says why this device cannot run arxg."""
+        """`memory`: "auto", "registered" or "direct" (memory.py), from what `attributes(ordinal)` reads of the
+        device; `launch`: "cached" or "triton". RdmaUnavailable says why this device cannot run arxg."""
         from arxtune.runtime.rdma.graph import kernels  # Triton: imported only where a GPU rank runs
 
         if launch not in LAUNCHES:

@@ -45,64 +45,15 @@ def test_alignment_and_addresses():
     assert is_aligned(x) and not is_aligned(x[1:])
 
 
-class _FakeDriver:
-    """Triton's driver for an H100 that is not there: kernels really compile (sm_90a, ptxas included), loading
-    and launching are recorded. Lets the cached launch be compared with Triton's own path call for call."""
-
-    class Launcher:
-        calls: list = []
-
-        def __init__(self, src, metadata):
-            pass
-
-        def __call__(self, *args):
-            type(self).calls.append(args)
-
-    class Utils:
-        @staticmethod
-        def load_binary(name, kernel, shared, device):
-            return 1, 2, 32, 0, 1024  # module, function, registers, spills, max threads
-
-        @staticmethod
-        def get_device_properties(device):
-            return {"max_shared_mem": 228 << 10, "multiprocessor_count": 132}
-
-        @staticmethod
-        def unload_module(module):
-            pass
-
-    def __init__(self):
-        from triton.backends.compiler import GPUTarget
-
-        self.target = GPUTarget("cuda", 90, 32)
-        self.launcher_cls, self.utils = self.Launcher, self.Utils()
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device):
-        return 4242
-
-    def get_current_target(self):
-        return self.target
-
-
 def test_the_cached_launch_passes_what_tritons_own_path_passes(monkeypatch, tmp_path):
     """The real collective kernel, compiled by this Triton: one call through `kernel[grid](...)` and one through
     Launch reach the launcher with the same grid, stream, function and arguments (pointers as addresses)."""
-    import contextlib
-
-    from triton.runtime.driver import driver
-
-    from arxtune.runtime.rdma.graph import kernels, launch as launch_mod
+    from arxtune.runtime.rdma.graph import kernels
+    from helpers.fake_triton import fake_triton_driver
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(launch_mod.torch.cuda, "device", lambda index: contextlib.nullcontext())
-    monkeypatch.setattr(launch_mod, "current_stream", lambda index: 4242)
-    fake, kernel = _FakeDriver(), kernels.collective_kernel
-    fake.Launcher.calls = []
-    monkeypatch.setattr(driver, "_active", fake)  # put back afterwards (a default driver needs a GPU)
-    try:
+    kernel = kernels.collective_kernel
+    with fake_triton_driver(kernel) as fake:
         n, world = 8192, 2
         inp, out, inp2, out2 = (torch.zeros(n, dtype=torch.bfloat16) for _ in range(4))
         named = dict(inp=inp, out=out, staging=HostPtr(0x7F0000002000, torch.bfloat16), sources=torch.zeros(48, dtype=torch.int64),
@@ -124,5 +75,4 @@ def test_the_cached_launch_passes_what_tritons_own_path_passes(monkeypatch, tmp_
         meta = 6  # launch metadata: a fresh object per call (or None), the same kind both ways
         assert type(cached_call[meta]) is type(triton_call[meta])
         assert [a for i, a in enumerate(cached_call) if i != meta] == [a for i, a in enumerate(expected) if i != meta]
-    finally:
-        kernel.device_caches.clear()
+        del cached  # its compiled kernel unloads from the fake device, inside the block

@@ -62,11 +62,11 @@ class Launch:
             runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # loads the module now, not on a call
         return cls(runner, args, varying, lambda: current_stream(index))
 
-    def __call__(self, *values) -> None:
-        """Launch on the current stream with `values` (tensors or addresses) at the varying positions."""
+    def __call__(self, *tensors) -> None:
+        """Launch on the current stream with `tensors` at the varying positions."""
         args = self._args
-        for i, v in zip(self._varying, values):
-            args[i] = address(v)
+        for i, t in zip(self._varying, tensors):
+            args[i] = t.data_ptr()
         self._runner(*args, stream=self._stream())
 
 

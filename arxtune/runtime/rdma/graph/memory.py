@@ -9,6 +9,10 @@
   the driver serves the device's accesses by faulting pages: it works, it is not
   chosen by default.
 
+No third mode: pinned allocations (cudaHostAlloc), which GB10 also serves, cannot
+be the segments, which are files in /dev/shm that the proxy process and the
+peers map too.
+
 `read_attributes` is the only part that talks to CUDA (the driver API, through
 ctypes); `choose` is a pure function of its result, so tests replace the reader.
 """

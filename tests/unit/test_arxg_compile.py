@@ -39,9 +39,9 @@ def test_doctor_says_when_the_local_triton_cannot_build_and_names_triton_ptxas_p
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/usr/local/cuda-12.8/bin/ptxas")
     assert "TRITON_PTXAS_PATH=/usr/local/cuda-12.8/bin/ptxas is set: that ptxas must know sm_121a" in aot.local_build_line(121, too_old)
     assert aot.local_build_line(90, lambda cap: None).endswith(
-        "builds arxg's kernels for sm_90a (ptxas from TRITON_PTXAS_PATH=/usr/local/cuda-12.8/bin/ptxas)")
+        "builds arxg's handshake kernel for sm_90a here (ptxas from TRITON_PTXAS_PATH=/usr/local/cuda-12.8/bin/ptxas)")
 
 
 def test_doctor_build_check_really_builds_for_a_target(monkeypatch):
     """The default compile_one is a real build: here, for sm_90a."""
-    assert aot.local_build_line(90).endswith("builds arxg's kernels for sm_90a")
+    assert aot.local_build_line(90).endswith("builds arxg's handshake kernel for sm_90a here")

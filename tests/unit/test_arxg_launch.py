@@ -52,6 +52,7 @@ def test_the_cached_launch_passes_what_tritons_own_path_passes(monkeypatch, tmp_
     from helpers.fake_triton import fake_triton_driver
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # today's default, said out loud (Triton 3.9 warns otherwise)
     kernel = kernels.collective_kernel
     with fake_triton_driver(kernel) as fake:
         n, world = 8192, 2

@@ -90,5 +90,5 @@ def test_doctor_names_the_mode_on_a_gpu_and_says_not_applicable_without_one(monk
     monkeypatch.setattr(doctor.torch.cuda, "get_device_capability", lambda i=0: (12, 1))
     rows = dict(doctor.arxg_rows(reader=lambda i: GB10, compile_one=lambda cap: None))
     assert rows["arxg memory"] == "direct (pageable memory access with host page tables)"
-    assert rows["arxg kernels"].endswith("builds arxg's kernels for sm_121a")
+    assert rows["arxg kernels"].endswith("builds arxg's handshake kernel for sm_121a here")
     assert memory_line(0, reader=lambda i: NOTHING).startswith("unavailable: arxg: the GPU cannot reach host memory")

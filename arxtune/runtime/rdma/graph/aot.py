@@ -102,4 +102,4 @@ def local_build_line(capability: int, compile_one=None) -> str:
                 f"if its ptxas is too old for {arch}, set TRITON_PTXAS_PATH to a newer ptxas (CUDA 13's knows sm_121a)")
         return f"Triton {version} cannot build for {arch}: {first[:200]}; {hint}"
     via = f" (ptxas from TRITON_PTXAS_PATH={os.environ['TRITON_PTXAS_PATH']})" if os.environ.get("TRITON_PTXAS_PATH") else ""
-    return f"Triton {version} builds arxg's kernels for {arch}{via}"
+    return f"Triton {version} builds arxg's handshake kernel for {arch} here{via}"

@@ -62,6 +62,27 @@ def _gpu_rows() -> list[tuple[str, str]]:
     return [(f"gpu {i}", torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]
 
 
+def arxg_rows(reader=None, compile_one=None) -> list[tuple[str, str]]:
+    """How arxg's kernels reach host memory on each GPU, and whether Triton builds them for it.
+
+    `reader(ordinal)` reads the device's attributes and `compile_one(capability)` builds a kernel
+    (the real ones by default; tests pass fakes)."""
+    if not torch.cuda.is_available():
+        return [("arxg memory", "not applicable: no CUDA GPU (arxg runs CUDA tensors)")]
+    from arxtune.runtime.rdma.graph.memory import memory_line, read_attributes
+
+    rows = []
+    for i in range(torch.cuda.device_count()):
+        suffix = f" (gpu {i})" if torch.cuda.device_count() > 1 else ""
+        rows.append((f"arxg memory{suffix}", memory_line(i, reader=reader or read_attributes)))
+    if importlib.util.find_spec("triton") is None:
+        return rows + [("arxg kernels", "cannot build: Triton is not installed")]
+    from arxtune.runtime.rdma.graph.aot import local_build_line
+
+    major, minor = torch.cuda.get_device_capability(0)
+    return rows + [("arxg kernels", local_build_line(10 * major + minor, compile_one))]
+
+
 def arx_reason(cfg: RdmaConfig | None = None) -> str | None:
     """Why arx cannot run here, or None if it can (checked locally, without a process group)."""
     try:
@@ -109,7 +130,7 @@ def _backend_rows(cfg: RdmaConfig) -> list[tuple[str, str]]:
 
 
 def doctor() -> list[tuple[str, str]]:
-    """(item, finding) rows: RDMA devices/ports/GIDs, memlock, GPUs, backends."""
+    """(item, finding) rows: RDMA devices/ports/GIDs, memlock, GPUs, arxg's memory mode and build, backends."""
     try:
         cfg = RdmaConfig.resolve()
         cfg_row = []
@@ -125,6 +146,7 @@ def doctor() -> list[tuple[str, str]]:
         ("pinned memory (ulimit -l)", f"{memlock}; arx needs {need >> 10} KiB per rank at 2 ranks, max_bytes={cfg.max_bytes}"
                                       f" (more with more ranks)"),
         *_gpu_rows(),
+        *arxg_rows(),
         *_backend_rows(cfg),
     ]
 

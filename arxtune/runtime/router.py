@@ -278,6 +278,8 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
             recorded = setup.get(name).capacity.get(op) if name in setup else None
             capacity.append(f"{name} {op}<={format_bytes(limit)}" + (f" (file measured {format_bytes(recorded)})" if recorded not in (None, limit) else ""))
     parts.append("capacity " + (", ".join(capacity) or "unlimited"))
+    # what a backend decided at start that the reader must see (arxg: how its GPU reaches host memory)
+    parts += [note() for _, b in sorted(opened.items()) if callable(note := getattr(b, "startup_note", None))]
     parts.append(status)
     parts.append("overrides " + ("; ".join(o.describe() for o in overrides) if overrides else f"none (${ENV_OVERRIDES})"))
     routes = resolve(tables, opened, native)

@@ -2,8 +2,11 @@
 
 Two pairings: two GPU ranks in this process on two streams (each with its own
 segment and proxy), and a GPU rank with a CPU stand-in rank in another process.
-Graphs are captured once and replayed with new inputs each replay; every result
-is checked bit for bit and across ranks. Skips without a GPU (CI has none).
+Graphs are captured once and replayed with new inputs each replay; eager calls
+run back to back without a sync between them; every result is checked bit for
+bit and across ranks. Every memory mode runs where the device allows it (test
+ids name it: `-k registered_memory`, `-k direct_memory`); a mode the device refuses is
+skipped with the device's reason. Skips without a GPU (CI has none).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 
 from arxtune.runtime.ops import OP_SPECS, expected_output, make_input
 from arxtune.runtime.rdma.config import RdmaConfig
-from arxtune.runtime.rdma.errors import RdmaTimeout
+from arxtune.runtime.rdma.errors import RdmaTimeout, RdmaUnavailable
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -30,10 +33,25 @@ STANDIN = ROOT / "tests" / "helpers" / "arxg_standin.py"
 SALTS = 7
 
 
-def _pair(world: int, timeout_s: float = 20.0):
+#: test ids name the mode as `<mode>_memory`: `-k direct_memory` runs the direct mode's tests alone
+MEMORY = [pytest.param(m, id=f"{m}_memory") for m in ("registered", "direct")]
+
+
+def _allowed(memory: str) -> str:
+    """`memory` where this device allows it; otherwise the test skips with the device's reason."""
+    from arxtune.runtime.rdma.graph.memory import choose, read_attributes
+
+    attrs = read_attributes(0)
+    try:
+        return str(choose(attrs, memory))
+    except RdmaUnavailable as exc:
+        pytest.skip(f"{exc} (device attributes: {attrs.describe()})")
+
+
+def _pair(world: int, timeout_s: float = 20.0, memory: str = "auto", launch: str = "cached"):
     from helpers.arxg_cpu_rank import RanksOnOneGpu
 
-    return RanksOnOneGpu(world, RdmaConfig(max_bytes=1 << 20, timeout_s=timeout_s))
+    return RanksOnOneGpu(world, RdmaConfig(max_bytes=1 << 20, timeout_s=timeout_s), memory=memory, launch=launch)
 
 
 def _capture(fn) -> torch.cuda.CUDAGraph:
@@ -50,6 +68,7 @@ def _capture(fn) -> torch.cuda.CUDAGraph:
     return g
 
 
+@pytest.mark.parametrize("memory", MEMORY)
 @pytest.mark.parametrize("op,dtype,n,replays,chain", [
     ("all_reduce", torch.bfloat16, 8192, 10_000, 1),  # 16 KiB
     ("all_reduce", torch.bfloat16, 8192, 1000, 10),  # a rank runs ahead of its peer through both slots
@@ -57,10 +76,11 @@ def _capture(fn) -> torch.cuda.CUDAGraph:
     ("all_gather", torch.int32, 1000, 1000, 1),
     ("reduce_scatter", torch.float16, 4096, 1000, 3),
 ])
-def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype, n, replays, chain):
+def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype, n, replays, chain, memory):
     """Each replay runs a chain of `chain` calls per rank on the same buffers: the last call's output is checked."""
+    print(f"arxg memory: {_allowed(memory)}")
     world, dev = 2, torch.device("cuda", 0)
-    pair = _pair(world)
+    pair = _pair(world, memory=memory)
     try:
         inputs = [[make_input(op, n, r, world, dtype, dev, s) for s in range(SALTS)] for r in range(world)]
         refs = [[expected_output(op, n, r, world, dtype, s).to(dev) for s in range(SALTS)] for r in range(world)]
@@ -86,16 +106,54 @@ def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype
         pair.close()
 
 
+@pytest.mark.parametrize("memory,launch", [pytest.param(m, launch, id=f"{m}_memory-{launch}")
+                                           for m, launch in (("registered", "cached"), ("direct", "cached"),
+                                                             ("registered", "triton"))])
+@pytest.mark.parametrize("op,dtype,n", [
+    ("all_reduce", torch.bfloat16, 8192),  # 16 KiB
+    ("all_reduce", torch.float32, 250_000),  # many programs per kernel
+    ("all_gather", torch.int32, 1000),
+    ("reduce_scatter", torch.float16, 4096),
+])
+def test_two_gpu_ranks_run_eager_calls_back_to_back_exactly(op, dtype, n, memory, launch):
+    """Batches of SALTS eager calls per rank with no sync between them, each call on its own buffers with its
+    own inputs (as a model's layers call), checked after each batch; both launch paths."""
+    print(f"arxg memory: {_allowed(memory)}, launch {launch}")
+    world, dev, batches = 2, torch.device("cuda", 0), 300
+    pair = _pair(world, memory=memory, launch=launch)
+    try:
+        ins = [[make_input(op, n, r, world, dtype, dev, s) for s in range(SALTS)] for r in range(world)]
+        refs = [[expected_output(op, n, r, world, dtype, s).to(dev) for s in range(SALTS)] for r in range(world)]
+        outs = [[torch.empty(OP_SPECS[op].shapes(n, world)[1], dtype=dtype, device=dev) for _ in range(SALTS)]
+                for _ in range(world)]
+        for b in range(batches):
+            for r in range(world):
+                for o in outs[r]:
+                    o.fill_(-1)
+            for s in range(SALTS):
+                pair.collective(op, [ins[r][s] for r in range(world)], [outs[r][s] for r in range(world)])
+            torch.cuda.synchronize()
+            bad = [(r, s) for r in range(world) for s in range(SALTS) if not torch.equal(outs[r][s], refs[r][s])]
+            if bad:
+                pair.check()
+                pytest.fail(f"batch {b}: wrong result at (rank, call) {bad[:4]} ({op}, {dtype}, {memory}, {launch})")
+        pair.check()
+    finally:
+        pair.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_gpu_rank_with_a_cpu_standin_then_the_standin_is_killed():
+@pytest.mark.parametrize("memory", MEMORY)
+def test_gpu_rank_with_a_cpu_standin_then_the_standin_is_killed(memory):
     from arxtune.runtime.rdma.graph.gpu import GpuRank
     from arxtune.runtime.rdma.graph.session import open_session, store_exchange
 
+    print(f"arxg memory: {_allowed(memory)}")
     op, dtype, n, calls, world, dev = "all_reduce", torch.bfloat16, 8192, 2000, 2, torch.device("cuda", 0)
     port = _free_port()
     store = torch.distributed.TCPStore("127.0.0.1", port, world, True, timeout=timedelta(seconds=60),
@@ -106,7 +164,7 @@ def test_gpu_rank_with_a_cpu_standin_then_the_standin_is_killed():
     gpu = None
     try:
         gpu = GpuRank(open_session(RdmaConfig(max_bytes=1 << 20, timeout_s=3.0), 0, world,
-                                   store_exchange(store, 0, world), "shm"), dev)
+                                   store_exchange(store, 0, world), "shm"), dev, memory=memory)
         inputs = [make_input(op, n, 0, world, dtype, dev, s) for s in range(SALTS)]
         refs = [expected_output(op, n, 0, world, dtype, s).to(dev) for s in range(SALTS)]
         inp, out = inputs[0].clone(), torch.empty_like(inputs[0])

@@ -110,8 +110,18 @@ class RanksOnOneGpu:
     """`world` GPU ranks in this process on one GPU, one stream each, over the shared-memory fabric:
     the one-GPU pairing for tests and benchmarks (the kernels of different ranks run concurrently)."""
 
-    def __init__(self, world: int, cfg: RdmaConfig, device: int = 0):
-        self.ranks = [GpuRank(s, torch.device("cuda", device)) for s in open_local(cfg, world)]
+    def __init__(self, world: int, cfg: RdmaConfig, device: int = 0, memory: str = "auto", launch: str = "cached"):
+        sessions = open_local(cfg, world)
+        self.ranks = []
+        try:
+            for s in sessions:
+                self.ranks.append(GpuRank(s, torch.device("cuda", device), memory=memory, launch=launch))
+        except BaseException:
+            for r in self.ranks:
+                r.close()
+            for s in sessions[len(self.ranks):]:
+                s.close()
+            raise
         self.streams = [torch.cuda.Stream() for _ in self.ranks]
 
     def collective(self, op: str, ins, outs, repeat: int = 1) -> None:
@@ -125,6 +135,21 @@ class RanksOnOneGpu:
             with torch.cuda.stream(s):
                 for _ in range(repeat):
                     getattr(rank, op)(i, o)
+        for s in self.streams:
+            cur.wait_stream(s)
+
+    def interleaved(self, op: str, ins, outs, repeat: int) -> None:
+        """`repeat` collectives launched call by call, every rank's i-th call before any rank's (i+1)-th, so
+        each call's peers are launched as soon as it is: eager calls back to back, as ranks in separate
+        processes launch them. Joined back into the current stream at the end."""
+        cur = torch.cuda.current_stream()
+        for s in self.streams:
+            s.wait_stream(cur)
+        calls = [(getattr(rank, op), i, o) for rank, i, o in zip(self.ranks, ins, outs)]
+        for _ in range(repeat):
+            for s, (fn, i, o) in zip(self.streams, calls):
+                with torch.cuda.stream(s):
+                    fn(i, o)
         for s in self.streams:
             cur.wait_stream(s)
 

@@ -29,12 +29,12 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_control_words_sit_on_separate_cache_lines_and_before_the_buffer():
-    groups = [seg_mod.DOORBELL, seg_mod.DESC, seg_mod.SENT, seg_mod.ERROR, seg_mod.READY]
+    groups = [seg_mod.DOORBELL, seg_mod.DESC, seg_mod.SENT, seg_mod.ERROR, seg_mod.READY, seg_mod.HEARTBEAT]
     lines = [g * 8 // 64 for g in groups]
     assert len(set(lines)) == len(lines)
     assert seg_mod.DESC + 2 * 2 <= seg_mod.SENT  # two slots' descriptors fit before SENT
     assert seg_mod.MESSAGE + seg_mod.MESSAGE_BYTES <= seg_mod.CONTROL_BYTES
-    assert (seg_mod.READY + 1) * 8 <= seg_mod.MESSAGE
+    assert (max(seg_mod.READY, seg_mod.HEARTBEAT) + 1) * 8 <= seg_mod.MESSAGE
     assert seg_mod.DESC * 8 // 64 == (seg_mod.PARTS + 1) * 8 // 64  # the parts count shares the descriptor's line
     assert seg_mod.MESSAGE + seg_mod.MESSAGE_BYTES <= seg_mod.BELLS * 8
     assert (seg_mod.BELLS + seg_mod.MAX_PARTS) * 8 <= seg_mod.CONTROL_BYTES
@@ -127,6 +127,40 @@ def test_a_dead_peer_becomes_an_error_naming_it_within_the_timeout(proxy_loop):
         assert info.value.peer == 1 and info.value.op == "all_reduce"
         with pytest.raises(RdmaError, match="proxy exited"):  # rank 1 learns that its own proxy died
             sessions[1].check()
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_an_eager_calls_check_reads_the_proxys_heartbeat_not_the_process(proxy_loop, monkeypatch):
+    """quick_check (every eager GPU call) asks the kernel about the proxy process only when its heartbeat
+    is stale; a killed proxy's heartbeat goes stale and the full check names it; an error word is raised."""
+    from arxtune.runtime.rdma.graph import session as session_mod
+
+    sessions = open_local(RdmaConfig(max_bytes=4096, timeout_s=5.0), 2)
+    try:
+        s, ctrl = sessions[0], sessions[0].segment.control
+        first = int(ctrl[seg_mod.HEARTBEAT])
+        time.sleep(0.05)
+        assert first > 0 and int(ctrl[seg_mod.HEARTBEAT]) > first  # the idle proxy keeps beating
+        assert abs(time.monotonic_ns() - int(ctrl[seg_mod.HEARTBEAT])) < session_mod.HEARTBEAT_STALE_NS
+        polls, real_poll = [], s.proxy.proc.poll
+        monkeypatch.setattr(s.proxy.proc, "poll", lambda: polls.append(1) or real_poll())
+        calls = 200
+        for _ in range(calls):
+            s.quick_check()
+            time.sleep(0.001)
+        assert len(polls) <= calls // 4  # a loaded machine may stall the proxy past the limit now and then, not always
+        os.kill(s.proxy.proc.pid, signal.SIGKILL)
+        s.proxy.proc.wait(timeout=10)
+        time.sleep(session_mod.HEARTBEAT_STALE_NS / 1e9 + 0.05)
+        with pytest.raises(RdmaError, match="proxy exited"):
+            s.quick_check()
+        other = sessions[1]
+        other.quick_check()
+        other.segment.set_error(seg_mod.ERR_PEER_TIMEOUT, 0, 3)
+        with pytest.raises(RdmaTimeout, match="rank 0 sent nothing for step 2"):
+            other.quick_check()
     finally:
         for s in sessions:
             s.close()

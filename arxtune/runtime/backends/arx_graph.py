@@ -8,7 +8,11 @@ and the two-box GB10 pair is the target.
 
 Options: ``[backends.arx]`` applies, ``[backends.arxg]`` overrides it (same keys,
 plus ``transport``: "auto", "shm" or "verbs"; auto = shared memory when every
-rank is on one host, else RDMA). Inputs up to ``max_bytes`` (all-gather: per rank).
+rank is on one host, else RDMA; ``memory``: "auto", "registered" or "direct",
+how the GPU reaches the shared segments (rdma/graph/memory.py; auto asks the
+device); ``launch``: "cached" or "triton", how eager calls launch). The memory
+mode chosen and its reason are in ``effective_options()`` (``memory_mode``,
+``memory_reason``), so runs and thresholds files record them. Inputs up to ``max_bytes`` (all-gather: per rank).
 A wait that times out inside a kernel is raised by the next eager call, or by
 ``check()`` after a graph replay has been synchronised.
 """
@@ -23,6 +27,10 @@ import torch.distributed as dist
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.rdma import RdmaConfig, RdmaUnavailable, gloo_exchange
 from arxtune.runtime.backends.base import OPS, BackendUnavailable, GroupContext
+
+
+#: options that record what a run chose (effective_options), ignored when a file's options are read back
+RECORDS = ("memory_mode", "memory_reason")
 
 
 class ArxGraph:
@@ -42,8 +50,14 @@ class ArxGraph:
         from arxtune.runtime.rdma.graph.gpu import GpuRank
         from arxtune.runtime.rdma.graph.session import open_session
 
-        options = {**ctx.options_for("arx"), **ctx.options_for(self.name)}
+        given = ctx.options_for(self.name)
+        options = {**ctx.options_for("arx"), **given}
         transport = options.pop("transport", "auto")
+        memory, launch = str(options.pop("memory", "auto")), str(options.pop("launch", "cached"))
+        for record in RECORDS:  # what a run chose, read back from its file: not settings
+            options.pop(record, None)
+        self._given = {k: v for k, v in given.items() if k not in RECORDS}
+        self._asked = memory
         exchange = gloo_exchange(ctx.cpu_group, ctx.world_size)
         self.gpu, error = None, None
         try:
@@ -52,7 +66,7 @@ class ArxGraph:
         except (RdmaUnavailable, ArxtuneError) as exc:
             raise BackendUnavailable(str(exc)) from exc
         try:
-            self.gpu = GpuRank(session, ctx.device)
+            self.gpu = GpuRank(session, ctx.device, memory=memory, launch=launch)
         except (RdmaUnavailable, RuntimeError) as exc:
             session.close()
             error = str(exc)
@@ -60,6 +74,16 @@ class ArxGraph:
         if bad:
             self.close()
             raise BackendUnavailable("; ".join(bad))
+
+    def effective_options(self) -> dict:
+        """The options as given (`memory` as asked, so a file calibrated with "auto" chooses again where it is
+        used), with the mode chosen and why (recorded with the run and the thresholds)."""
+        return {**self._given, "memory": self._asked, "memory_mode": self.gpu.memory.mode,
+                "memory_reason": self.gpu.memory.reason}
+
+    def startup_note(self) -> str:
+        """What the start-up line says about this backend."""
+        return f"arxg memory: {self.gpu.memory}"
 
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
         from arxtune.runtime.rdma.graph.gpu import DTYPES

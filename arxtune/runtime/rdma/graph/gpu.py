@@ -1,11 +1,15 @@
 """The GPU rank: launches the kernels against its segment; capturable, no host sync per call.
 
-The segment is mapped here and registered with CUDA (cudaHostRegister, portable
-and mapped); with unified addressing the GPU reaches it at the same address. So
-are the peers' segments over the shared-memory fabric, whose staging the kernels
-read.
+The segment is mapped here; the device reaches it, and the peers' segments over
+the shared-memory fabric (whose staging the kernels read), at the host's
+addresses, in the memory mode memory.py chooses: registered with CUDA
+(cudaHostRegister, portable and mapped) or read directly (pageable memory
+access: nothing registered).
+Eager calls launch through a cached launcher (launch.py) and check the error
+word and the proxy's heartbeat first (Session.quick_check: no system call while
+both are fine); `launch="triton"` keeps Triton's own per-call path.
 `check()` reads the error word: call it after synchronising (graph replays) to
-turn a timed-out wait into an error naming peer and op; eager calls run it first.
+turn a timed-out wait into an error naming peer and op.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import torch
 
 from arxtune.runtime.rdma.errors import RdmaUnavailable
+from arxtune.runtime.rdma.graph import memory as _memory
+from arxtune.runtime.rdma.graph.launch import Launch, is_aligned, names_in_order
 from arxtune.runtime.rdma.graph.plan import inbox_bytes
 from arxtune.runtime.rdma.graph.segment import MAX_PARTS, OP_CODES
 from arxtune.runtime.rdma.graph.session import Session
@@ -20,10 +26,12 @@ from arxtune.runtime.rdma.graph.session import Session
 _HOST_REGISTER_PORTABLE, _HOST_REGISTER_MAPPED = 1, 2
 #: dtypes the kernels sum exactly as the CPU stand-in does (float32 accumulation for 16-bit floats)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32)
+#: how eager calls reach the kernel: a cached launcher, or Triton's own `kernel[grid](...)` every call
+LAUNCHES = ("cached", "triton")
 
 
 class HostPtr:
-    """A typed pointer into registered host memory, passed to Triton like a tensor."""
+    """A typed pointer into host memory the device reaches, passed to Triton like a tensor."""
 
     def __init__(self, address: int, dtype: torch.dtype):
         self.address, self.dtype = address, dtype
@@ -33,23 +41,30 @@ class HostPtr:
 
 
 class GpuRank:
-    def __init__(self, session: Session, device: torch.device):
+    def __init__(self, session: Session, device: torch.device, memory: str = "auto", launch: str = "cached",
+                 attributes=_memory.read_attributes):
+        """`memory`: "auto", "registered" or "direct" (memory.py), from what `attributes(ordinal)` reads of the
+        device; `launch`: "cached" or "triton". RdmaUnavailable says why this device cannot run arxg."""
         from arxtune.runtime.rdma.graph import kernels  # Triton: imported only where a GPU rank runs
 
-        self.k, self.s, self.device = kernels, session, device
+        if launch not in LAUNCHES:
+            raise RdmaUnavailable(f"arxg: unknown launch {launch!r}; use one of {', '.join(LAUNCHES)}")
+        self.k, self.s, self.device, self.launch = kernels, session, device, launch
         if session.world > kernels.MAX_WORLD:
             raise RdmaUnavailable(f"arxg: world size {session.world} exceeds the kernels' {kernels.MAX_WORLD} ranks")
+        ordinal = device.index if device.index is not None else torch.cuda.current_device()
+        self.memory = _memory.choose(attributes(ordinal), memory)
+        if self.memory.mode == "direct" and launch == "triton":
+            raise RdmaUnavailable("arxg: Triton's own launch path asks the driver about every pointer, which pageable "
+                                  "memory fails: the direct memory mode needs launch = 'cached'")
         seg = session.segment
         self._registered: list[int] = []
         with torch.cuda.device(device):
             for segment in (seg, *session.peers.values()):
-                rc = torch.cuda.cudart().cudaHostRegister(segment.address, segment.size,
-                                                          _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
-                if int(rc) != 0:
-                    self._unregister()
-                    raise RdmaUnavailable(f"arxg: cudaHostRegister of a shared segment failed (error {int(rc)}); "
-                                          "the GPU cannot reach host memory here")
-                self._registered.append(segment.address)
+                if self.memory.mode == "registered":
+                    self._register(segment)
+                else:
+                    segment.touch()  # pages exist before the device's first access: no fault on the step's path
             self.sources = self._sources()
             self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # step, arrived, unused, verdict (kernels.py)
             # a persistent grid: every program resident, so program 0 may spin while the others finish staging;
@@ -60,6 +75,16 @@ class GpuRank:
         self.flags = HostPtr(self.data + session.layout.flags_base, torch.int64)
         self.timeout_ns = int(session.cfg.timeout_s * 1e9)
         self._ptrs: dict[tuple, HostPtr] = {}
+        self._launches: dict[tuple, Launch] = {}
+
+    def _register(self, segment) -> None:
+        rc = torch.cuda.cudart().cudaHostRegister(segment.address, segment.size,
+                                                  _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
+        if int(rc) != 0:
+            self._unregister()
+            raise RdmaUnavailable(f"arxg: cudaHostRegister of a shared segment failed (error {int(rc)}) in memory mode "
+                                  f"{self.memory}; the GPU cannot reach host memory this way")
+        self._registered.append(segment.address)
 
     def _sources(self) -> torch.Tensor:
         """Where each rank's part of a step in each slot starts, and whether it holds every piece
@@ -84,23 +109,40 @@ class GpuRank:
             p = self._ptrs[(offset, dtype)] = HostPtr(self.data + offset, dtype)
         return p
 
-    def run(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> None:
-        """Stage, ring, wait, finish: one kernel on the current stream, recorded if it is capturing."""
+    def _collective_args(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> tuple[tuple[int], dict]:
+        """(grid, every argument of collective_kernel by name) for this call."""
         s, L, k = self.s, self.s.layout, self.k
-        if not torch.cuda.is_current_stream_capturing():
-            s.check()
         n_in = inp.numel()
         nbytes = n_in * inp.element_size()
         if nbytes > L.slot_bytes:
             raise ValueError(f"arxg: {op} input of {nbytes} bytes exceeds max_bytes = {L.slot_bytes}")
-        slot_elems = L.slot_bytes // inp.element_size()
-        staging = self._ptr(L.staging(0), inp.dtype)
         n_part = inbox_bytes(op, nbytes, s.world) // inp.element_size()
         blocks = max(triton_cdiv(n_in, k.BLOCK), triton_cdiv(n_part, k.BLOCK))
-        k.collective_kernel[(min(blocks, self.max_programs),)](
-            inp, out, staging, self.sources, self.flags, self.ctrl, self.counter, s.rank, n_in, n_part, slot_elems, nbytes,
-            s.flag_devices(op, nbytes), OP_CODES[op], self.timeout_ns, OP=OP_CODES[op], WORLD=s.world, NDEV=L.ndev,
-            INT_ACC=not inp.dtype.is_floating_point, BLOCK=k.BLOCK, num_warps=k.NUM_WARPS)
+        return (min(blocks, self.max_programs),), dict(
+            inp=inp, out=out, staging=self._ptr(L.staging(0), inp.dtype), sources=self.sources, flags=self.flags,
+            ctrl=self.ctrl, counter=self.counter, rank=s.rank, n_stage=n_in, n_part=n_part,
+            slot_elems=L.slot_bytes // inp.element_size(), nbytes=nbytes, ndev_used=s.flag_devices(op, nbytes),
+            op_code=OP_CODES[op], timeout_ns=self.timeout_ns, OP=OP_CODES[op], WORLD=s.world, NDEV=L.ndev,
+            INT_ACC=not inp.dtype.is_floating_point, BLOCK=k.BLOCK)
+
+    def run(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> None:
+        """Stage, ring, wait, finish: one kernel on the current stream, recorded if it is capturing."""
+        if not torch.cuda.is_current_stream_capturing():
+            self.s.quick_check()
+        if self.launch == "triton":
+            grid, named = self._collective_args(op, inp, out)
+            self.k.collective_kernel[grid](*names_in_order(self.k.collective_kernel, named), num_warps=self.k.NUM_WARPS)
+            return
+        # everything Triton specialises on follows from these (sizes from the count, alignment of the two tensors)
+        key = (op, inp.dtype, out.dtype, inp.numel(), is_aligned(inp), is_aligned(out))
+        launch = self._launches.get(key)
+        if launch is None:
+            grid, named = self._collective_args(op, inp, out)
+            kernel = self.k.collective_kernel
+            launch = self._launches[key] = Launch.compile(kernel, grid, names_in_order(kernel, named),
+                                                  (kernel.arg_names.index("inp"), kernel.arg_names.index("out")),
+                                                  self.device, num_warps=self.k.NUM_WARPS)
+        launch(inp, out)
 
     def all_reduce(self, inp, out):
         self.run("all_reduce", inp, out)
@@ -113,7 +155,16 @@ class GpuRank:
 
     def handshake(self) -> None:
         """Ring and wait for the proxy, nothing else: the floor of a step (every rank must do the same)."""
-        self.k.handshake_kernel[(1,)](self.ctrl, self.counter, OP_CODES["handshake"], self.timeout_ns, num_warps=1)
+        k = self.k
+        named = dict(ctrl=self.ctrl, counter=self.counter, op_code=OP_CODES["handshake"], timeout_ns=self.timeout_ns)
+        if self.launch == "triton":
+            k.handshake_kernel[(1,)](*names_in_order(k.handshake_kernel, named), num_warps=1)
+            return
+        launch = self._launches.get("handshake")
+        if launch is None:
+            launch = self._launches["handshake"] = Launch.compile(k.handshake_kernel, (1,), names_in_order(k.handshake_kernel, named),
+                                                          (), self.device, num_warps=1)
+        launch()
 
     def check(self) -> None:
         self.s.check()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from arxtune.runtime import native as _native
 from arxtune.runtime.rdma.protocol import Layout
-from arxtune.runtime.rdma.graph.segment import BELLS, DESC, DOORBELL, PARTS, SENT, Segment
+from arxtune.runtime.rdma.graph.segment import BELLS, DESC, DOORBELL, HEARTBEAT, PARTS, SENT, Segment
 from arxtune.runtime import env
 
 ENV_SWITCH = env.ARXG_NATIVE.name
@@ -50,7 +50,8 @@ def load():
     fn = lib.arxg_serve_shm
     i64 = ctypes.c_int64
     fn.restype = i64
-    fn.argtypes = [ctypes.c_void_p, i64, i64, i64, i64, i64, i64, ctypes.POINTER(Step), i64, i64, i64, ctypes.POINTER(i64)]
+    fn.argtypes = [ctypes.c_void_p, i64, i64, i64, i64, i64, i64, i64, ctypes.POINTER(Step), i64, i64, i64,
+                   ctypes.POINTER(i64)]
     return fn
 
 
@@ -63,8 +64,8 @@ def serve(fn, seg: Segment, fabric, plan_step, parent: int) -> None:
     table, used = (Step * TABLE_SIZE)(), 0
     miss = (ctypes.c_int64 * 3)()
     while True:
-        rc = fn(seg.address, DOORBELL, DESC, PARTS, BELLS, SENT, L.slots, table, used, SPINS_BEFORE_YIELD, PARENT_CHECK_NS,
-                miss)
+        rc = fn(seg.address, DOORBELL, DESC, PARTS, BELLS, SENT, HEARTBEAT, L.slots, table, used, SPINS_BEFORE_YIELD,
+                PARENT_CHECK_NS, miss)
         if rc == IDLE:
             if os.getppid() != parent:
                 return

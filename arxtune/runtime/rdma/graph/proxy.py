@@ -29,7 +29,8 @@ from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from arxtune.runtime.rdma.protocol import Layout
 from arxtune.runtime.rdma.graph import native
 from arxtune.runtime.rdma.graph.plan import plan
-from arxtune.runtime.rdma.graph.segment import BELLS, DESC, DOORBELL, ERR_PROXY_FAILED, MAX_PARTS, OP_NAMES, PARTS, READY, SENT, Segment
+from arxtune.runtime.rdma.graph.segment import (BELLS, DESC, DOORBELL, ERR_PROXY_FAILED, HEARTBEAT, MAX_PARTS, OP_NAMES, PARTS,
+                                                READY, SENT, Segment)
 
 _IDLE_SPINS = 20_000  # then yield the CPU at every poll (more spinners than cores must not starve)
 _PARENT_CHECK_S = 0.5
@@ -81,7 +82,8 @@ def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
     doorbell, sent = _word(seg, DOORBELL), _word(seg, SENT)
     bells = [_word(seg, BELLS + p) for p in range(MAX_PARTS)]
     steps: dict[tuple[int, int, int], tuple] = {}  # (op code, bytes, slot) -> (op name, puts)
-    idle = _Idle(parent)
+    beat = _word(seg, HEARTBEAT)
+    idle = _Idle(parent, beat)
     done = sent.value
     while True:
         rung = doorbell.value
@@ -108,14 +110,16 @@ def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
                 transport.put(step, peer, src, dst, nbytes, op)
             transport.wait_sends(step, op)
             sent.value = seq
+        beat.value = time.monotonic_ns()
         done = rung
 
 
 class _Idle:
-    """Called on every idle poll: spins, then yields the CPU, and says True once the parent has died."""
+    """Called on every idle poll: spins, then yields the CPU, and says True once the parent has died.
+    Stores the time in the heartbeat word every 1024 spins and at every yield."""
 
-    def __init__(self, parent: int):
-        self.parent, self.polls, self.last_check = parent, 0, time.monotonic()
+    def __init__(self, parent: int, beat: ctypes.c_int64):
+        self.parent, self.beat, self.polls, self.last_check = parent, beat, 0, time.monotonic()
 
     def reset(self) -> None:
         self.polls = 0
@@ -123,8 +127,11 @@ class _Idle:
     def __call__(self) -> bool:
         self.polls += 1
         if self.polls <= _IDLE_SPINS:
+            if not self.polls & 1023:
+                self.beat.value = time.monotonic_ns()
             return False
         os.sched_yield()
+        self.beat.value = time.monotonic_ns()
         now = time.monotonic()
         if now - self.last_check > _PARENT_CHECK_S:
             self.last_check = now
@@ -161,6 +168,7 @@ def main() -> int:
         _send(stdout, ("error", str(exc)))
         return 1
     fast = native.load() if args.transport == "shm" else None  # built before "ready": set-up's timeout covers it
+    seg.control[HEARTBEAT] = time.monotonic_ns()
     seg.control[READY] = os.getpid()
     _send(stdout, ("ready", None))
     try:

@@ -15,6 +15,9 @@ write into its inbox. Control words (int64, each group on its own cache line):
 - ERROR, ERROR_PEER, ERROR_SEQ: the first failure (a code below), with whom, at
   which step; a message from the proxy at MESSAGE.
 - READY: the proxy's pid once it serves doorbells.
+- HEARTBEAT: CLOCK_MONOTONIC nanoseconds at the proxy's last sign of life (it
+  stores the time while it waits and after the steps it sends): a rank reads
+  liveness here instead of asking the kernel about the process on every call.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 from arxtune.runtime.rdma.protocol import Layout
 
 CONTROL_BYTES = 4096
-DOORBELL, DESC, PARTS, SENT, ERROR, ERROR_PEER, ERROR_SEQ, READY = 0, 8, 12, 16, 24, 25, 26, 32
+DOORBELL, DESC, PARTS, SENT, ERROR, ERROR_PEER, ERROR_SEQ, READY, HEARTBEAT = 0, 8, 12, 16, 24, 25, 26, 32, 40
 MESSAGE, MESSAGE_BYTES = 1024, 1024  # bytes
 BELLS, MAX_PARTS = 256, 256  # words: the parts' bells fill the control block's second half
 
@@ -74,6 +77,10 @@ class Segment:
         """`count` items of `dtype` at byte `offset` of the protocol buffer, as a CPU tensor view."""
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         return self.data_tensor()[offset : offset + nbytes].view(dtype)
+
+    def touch(self) -> None:
+        """Read one byte of every page, so each is mapped before a device reads it through the page tables."""
+        int(self.bytes[:: mmap.PAGESIZE].max())
 
     # ---- control words --------------------------------------------------------
     def set_error(self, code: int, peer: int = -1, seq: int = 0, message: str = "") -> None:

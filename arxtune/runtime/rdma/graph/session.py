@@ -12,6 +12,7 @@ only stores the flag.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import time
@@ -23,12 +24,15 @@ from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from arxtune.runtime.rdma.protocol import Layout, stripes
 from arxtune.runtime.rdma.graph.plan import inbox_bytes
 from arxtune.runtime.rdma.graph.proxy import ProxyArgs, ProxyHandle
-from arxtune.runtime.rdma.graph.segment import (DESC, DOORBELL, ERR_PEER_TIMEOUT, ERR_PROXY_FAILED, ERR_PROXY_TIMEOUT, OP_NAMES, SENT, Segment,
-                      segment_path)
+from arxtune.runtime.rdma.graph.segment import (DESC, DOORBELL, ERR_PEER_TIMEOUT, ERR_PROXY_FAILED, ERR_PROXY_TIMEOUT, ERROR, HEARTBEAT,
+                      OP_NAMES, SENT, Segment, segment_path)
 
 TRANSPORTS = ("auto", "shm", "verbs")
 #: a proxy imports torch before it answers: seconds on a loaded machine, minutes in an emulated guest
 SETUP_TIMEOUT_S = 300.0
+#: a heartbeat older than this sends quick_check to the full check (a process poll): the proxy stores one
+#: at least every few milliseconds while it runs, even when it only waits
+HEARTBEAT_STALE_NS = 250_000_000
 
 
 @dataclass
@@ -41,6 +45,8 @@ class Session:
     proxy: ProxyHandle
     #: shm: every peer's segment, mapped here, where its staged steps are read (verbs: none)
     peers: dict[int, Segment] = field(default_factory=dict)
+    #: (error word, heartbeat word) as ctypes views, made on the first quick_check
+    _words: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def layout(self) -> Layout:
@@ -63,6 +69,18 @@ class Session:
     def flag_devices(self, op: str, nbytes: int) -> int:
         """How many per-device flags a receiver waits for (the transport stripes large writes)."""
         return len(stripes(inbox_bytes(op, nbytes, self.world), self.layout.ndev, self.cfg.stripe_min_bytes))
+
+    def quick_check(self) -> None:
+        """check() for every eager call: two words of the segment and the clock (no system call) while the
+        error word is clear and the proxy's heartbeat is fresh; otherwise the full check."""
+        words = self._words
+        if not words:
+            address = self.segment.address
+            words = self._words = (ctypes.c_int64.from_address(address + 8 * ERROR),
+                                   ctypes.c_int64.from_address(address + 8 * HEARTBEAT))
+        error, beat = words
+        if error.value or time.monotonic_ns() - beat.value > HEARTBEAT_STALE_NS:
+            self.check()
 
     def check(self) -> None:
         """Raise the first recorded failure, or the proxy's death; return quietly if all is well."""
@@ -88,6 +106,7 @@ class Session:
 
     def close(self) -> None:
         """Let the proxy send what was staged (bounded), then stop it and remove the segment."""
+        self._words = ()  # views of the segment's memory go before it is unmapped
         ctrl, deadline = self.segment.control, time.monotonic() + self.cfg.timeout_s
         while ctrl[SENT] < ctrl[DOORBELL] and self.proxy.alive() and time.monotonic() < deadline:
             time.sleep(0.0005)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# arxg's evidence on a lent GPU in one call: what the device says about host memory,
+# the arxg GPU tier in every memory mode it allows, the two-rank benchmark per mode,
+# and a world-1 sweep of arxg beside nccl. Seven files under OUT_DIR, nothing deeper:
+#   device.txt        GPU, driver, torch/Triton, HMM state, CUDA memory attributes, arxtune doctor
+#   test-gpu.log      pytest of the arxg GPU tier (registered, then direct: separate processes)
+#   arx_graph.txt/.csv/.png   benchmarks/arx_graph.py --memory all
+#   sweep.log, sweep.tar.gz   arxtune sweep at world 1: arxg and nccl, all_reduce bf16, 1 KiB-1 MiB
+#   scripts/gpu-arxg.sh OUT_DIR        (about 5 minutes on an H100)
+set -uo pipefail
+out=${1:?usage: scripts/gpu-arxg.sh OUT_DIR}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${GPU_PYTHON:-python3}
+status=0
+step() { echo "== $* ($(date -u +%H:%M:%S))"; }
+
+{
+  step device
+  nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv,noheader
+  nvidia-smi -q | grep -iE "addressing mode|hmm" || echo "nvidia-smi -q names no addressing mode"
+  echo "nvidia_uvm uvm_disable_hmm: $(cat /sys/module/nvidia_uvm/parameters/uvm_disable_hmm 2>/dev/null || echo 'not readable')"
+  uname -rm
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  $PY - <<'PY'
+from arxtune.runtime.rdma.errors import RdmaUnavailable
+from arxtune.runtime.rdma.graph.memory import choose, read_attributes
+attrs = read_attributes(0)
+print("cuda attributes:", attrs.describe())
+for mode in ("auto", "registered", "direct"):
+    try:
+        print(f"memory {mode}: {choose(attrs, mode)}")
+    except RdmaUnavailable as exc:
+        print(f"memory {mode}: refused: {exc}")
+PY
+  step doctor
+  $PY -m arxtune doctor
+} > "$out/device.txt" 2>&1 || status=1
+cat "$out/device.txt"
+
+{
+  step "gpu tier, registered memory (and the tests of other GPU code)"
+  $PY -m pytest -q -rs tests/gpu tests/rdma/test_device_tensors_fake.py -m "not rdma" -k "not direct_memory" || status=1
+  step "gpu tier, direct memory (a separate process: a refused or failing mode cannot take the others down)"
+  $PY -m pytest -q -rs tests/gpu/test_arx_graph_gpu.py -k direct_memory || status=1
+} > "$out/test-gpu.log" 2>&1
+tail -n 30 "$out/test-gpu.log"
+
+step benchmark
+timeout 240 $PY benchmarks/arx_graph.py --memory all --samples 200 --out "$out/arx_graph.csv" \
+  --plot "$out/arx_graph.png" > "$out/arx_graph.txt" 2>&1 || status=1
+cat "$out/arx_graph.txt"
+
+step "sweep at world 1"
+tmp=$(mktemp -d)
+timeout 240 $PY -m arxtune sweep -c configs/sweep/h200.toml --backends arxg,nccl --ops all_reduce --dtypes bfloat16 \
+  --modes eager,isolated,graph --min-bytes 1KiB --max-bytes 1MiB --step-factor 4 --nproc-per-node 1 \
+  --out "$tmp" --no-progress > "$out/sweep.log" 2>&1 || status=1
+tail -n 40 "$out/sweep.log"
+tar -czf "$out/sweep.tar.gz" -C "$tmp" . && rm -rf "$tmp"
+step "done, status $status"
+exit $status

@@ -193,7 +193,7 @@ def wiring_of(transport, lib) -> Wiring:
 
 
 # ---- planning ---------------------------------------------------------------------------
-def plan_writes(w: Wiring, slot: int, puts) -> list[tuple[int, list[tuple[int, int, int, int, int, int]]]]:
+def plan_writes(w: Wiring, slot: int, puts) -> list[tuple[tuple[int, int], list[tuple[int, int, int, int, int, int]]]]:
     """The chained posts of one step, as the Python transport posts them: for each put (peer, src, dst, bytes) and
     each of its stripes, the payload (unsignaled) then this rank's flag word (signaled), on that (device, peer) QP.
     Each post is ((dev, peer), [(laddr, raddr, length, lkey, rkey, signaled), ...])."""

@@ -91,6 +91,8 @@ def check_arxg(chk: Checker, ctx: GroupContext) -> None:
     cfg = RdmaConfig.resolve({"max_bytes": 64 << 10, "timeout_s": 120})
     session = session_mod.open_session(cfg, ctx.rank, ctx.world_size, gloo_exchange(ctx.cpu_group, ctx.world_size), "verbs")
     try:
+        # the two-guest run is the native step's cross-kernel check: a silent fallback to Python must fail it
+        chk.expect(session.proxy.loop == "native", f"arxg's verbs proxy runs its {session.proxy.loop!r} loop, not the C one")
         standin, world = CpuRank(session), ctx.world_size
         for salt in range(3):  # every slot used more than once
             for op in OP_SPECS:

@@ -1,6 +1,6 @@
 """arxg's proxies over real verbs (soft-RoCE), the GPU side stood in by CPU ranks.
 
-Each rank's proxy process registers the rank's shared segment with the NIC and
+Each rank's proxy process (its C step loop, and once its Python one) registers the rank's shared segment with the NIC and
 posts the payload + flag writes; the stand-in ranks (threads here) write
 doorbells and read flags exactly as the GPU kernels do."""
 
@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from arxtune.runtime import env
 from arxtune.runtime.ops import OP_SPECS, expected_output, make_input, mismatch
 from arxtune.runtime.rdma.config import RdmaConfig
 from arxtune.runtime.rdma.errors import RdmaTimeout
@@ -27,11 +28,18 @@ def _slow_proxy_start(monkeypatch):
     monkeypatch.setattr(session_mod, "SETUP_TIMEOUT_S", 900.0)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_standin_ranks_through_verbs_proxies_are_exact(world):
+def _loop(monkeypatch, loop: str) -> None:
+    """Which step loop the proxies started from here run: the C one ("native") or Python's (the fallback)."""
+    monkeypatch.setenv(env.ARXG_NATIVE.name, "1" if loop == "native" else "0")
+
+
+@pytest.mark.parametrize("world, loop", [(2, "native"), (3, "native"), (2, "python")])
+def test_standin_ranks_through_verbs_proxies_are_exact(world, loop, monkeypatch):
+    _loop(monkeypatch, loop)
     sessions = open_local(RdmaConfig.resolve({"max_bytes": 64 << 10, "timeout_s": 60}), world, "verbs")
     try:
         assert all(s.transport == "verbs" for s in sessions)
+        assert [s.proxy.loop for s in sessions] == [loop] * world  # no silent fallback to the Python loop
         ranks = [CpuRank(s) for s in sessions]
         cases = [(op, dtype, n) for op in OP_SPECS for dtype in (torch.bfloat16, torch.int32) for n in (1, 4096)]
 
@@ -54,9 +62,11 @@ def test_standin_ranks_through_verbs_proxies_are_exact(world):
             s.close()
 
 
-def test_a_peer_whose_proxy_died_is_named_within_the_timeout():
+def test_a_peer_whose_native_proxy_died_is_named_within_the_timeout(monkeypatch):
+    _loop(monkeypatch, "native")
     sessions = open_local(RdmaConfig.resolve({"max_bytes": 4096, "timeout_s": 5}), 2, "verbs")
     try:
+        assert [s.proxy.loop for s in sessions] == ["native", "native"]
         sessions[1].proxy.proc.kill()
         x = torch.ones(8)
         with pytest.raises(RdmaTimeout, match="rank 1 sent nothing"):

@@ -12,6 +12,8 @@ only write step k + slots - 1 into slot (k - 1) % slots after it has seen our st
 k + slots - 2, and we post a step only after we finished reading every slot we
 will not read again — so ``slots = 2`` suffices when each step is read before the
 next is posted, and a third slot lets a step be read while the next is in flight.
+Which memory order each hand-off relies on (GPU, proxy, NICs; x86-64 and
+aarch64): docs/arxg-ordering.md.
 """
 
 from __future__ import annotations

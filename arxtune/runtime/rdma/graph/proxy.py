@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from arxtune.runtime.rdma.protocol import Layout
-from arxtune.runtime.rdma.graph import native
+from arxtune.runtime.rdma.graph import native, native_verbs
 from arxtune.runtime.rdma.graph.plan import plan
 from arxtune.runtime.rdma.graph.segment import (BELLS, DESC, DOORBELL, ERR_PROXY_FAILED, HEARTBEAT, MAX_PARTS, OP_NAMES, PARTS,
                                                 READY, SENT, Segment)
@@ -151,6 +151,27 @@ def _plan_step(key: tuple[int, int, int], L: Layout, rank: int, world: int) -> t
     return op, [(w.peer, staging + w.src_offset, inbox, w.nbytes) for w in plan(op, nbytes, rank, world)]
 
 
+def _choose_loop(args: ProxyArgs, seg: Segment, transport, parent: int):
+    """(serve, "native" or "python"): the compiled loop of the transport where it builds and binds, else Python's."""
+    plan_step = lambda key: _plan_step(key, seg.layout, args.rank, args.world)  # noqa: E731
+    if args.transport == "shm":
+        fn = native.load()
+        if fn is not None:
+            return (lambda: native.serve(fn, seg, transport, plan_step, parent)), "native"
+    elif args.transport == "verbs":
+        lib = native_verbs.load()
+        if lib is not None:
+            try:
+                wiring = native_verbs.wiring_of(transport, lib)
+            except native_verbs.Unavailable as exc:
+                print(f"arxg: the verbs proxy's C loop cannot bind pyverbs's handles ({exc}); using the Python loop",
+                      file=sys.stderr)
+            else:
+                fast = native_verbs.NativeLoop(lib, seg, wiring, plan_step, timeout_s=transport.timeout_s)
+                return (lambda: fast.run(lambda: os.getppid() == parent)), "native"
+    return (lambda: serve(seg, transport, args.rank, args.world, parent)), "python"
+
+
 def main() -> int:
     parent = os.getppid()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -167,15 +188,12 @@ def main() -> int:
     except (RdmaUnavailable, RdmaError, ValueError, OSError) as exc:
         _send(stdout, ("error", str(exc)))
         return 1
-    fast = native.load() if args.transport == "shm" else None  # built before "ready": set-up's timeout covers it
+    loop, name = _choose_loop(args, seg, transport, parent)  # built before "ready": set-up's timeout covers it
     seg.control[HEARTBEAT] = time.monotonic_ns()
     seg.control[READY] = os.getpid()
-    _send(stdout, ("ready", None))
+    _send(stdout, ("ready", name))
     try:
-        if fast is not None:
-            native.serve(fast, seg, transport, lambda key: _plan_step(key, seg.layout, args.rank, args.world), parent)
-        else:
-            serve(seg, transport, args.rank, args.world, parent)
+        loop()
     except Exception as exc:  # any failure must reach the rank through the segment, not vanish
         peer = getattr(exc, "peer", None)
         seg.set_error(ERR_PROXY_FAILED, -1 if peer is None else peer, int(seg.control[SENT]) + 1,
@@ -192,6 +210,7 @@ class ProxyHandle:
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
+        self.loop = ""  # the proxy's step loop once it serves: "native" (C) or "python"
 
     @classmethod
     def start(cls, args: ProxyArgs, exchange, timeout_s: float) -> ProxyHandle:
@@ -214,6 +233,7 @@ class ProxyHandle:
                     raise RdmaUnavailable(f"arxg: the proxy exited during set-up (code {proc.wait()}); "
                                           "its error is on stderr above") from None
                 if kind == "ready":
+                    handle.loop = payload or ""
                     return handle
                 if kind == "error":
                     raise RdmaUnavailable(payload)

@@ -2,8 +2,9 @@
 
 It reads the step number from a device-resident counter (step, programs
 arrived, unused, verdict) that it advances, so a captured graph replays
-correctly any number of times. The segment is host memory registered with
-CUDA; the kernels read and write it directly. Ordering: every program rings
+correctly any number of times. The segment is host memory the GPU reaches
+either registered with CUDA or through the host's page tables (memory.py);
+the kernels read and write it directly. Ordering: every program rings
 its own bell with a system-scope release store once its share is staged
 (program 0 rings the doorbell, after the step's descriptor), so the proxy
 that has seen every part's bell sees the whole payload, and no program waits

@@ -93,7 +93,8 @@ def sweep(
     backends: Optional[str] = typer.Option(None, help="Comma list of backends, e.g. gloo,arx,arx2."),
     ops: Optional[str] = typer.Option(None, help="Comma list: all_reduce,all_gather,reduce_scatter."),
     dtypes: Optional[str] = typer.Option(None, help="Comma list: float32,bfloat16,float16,int32."),
-    modes: Optional[str] = typer.Option(None, help="Comma list: eager,graph (graph needs CUDA)."),
+    views: Optional[str] = typer.Option(None, help="Comma list of timing views: eager,isolated,graph (graph needs CUDA)."),
+    modes: Optional[str] = typer.Option(None, hidden=True, help="Old name of --views."),
     min_bytes: Optional[str] = typer.Option(None, help="Smallest size, e.g. 1KiB."),
     max_bytes: Optional[str] = typer.Option(None, help="Largest size, e.g. 16MiB."),
     step_factor: Optional[float] = typer.Option(None, help="Ratio between sizes on the grid."),
@@ -125,7 +126,9 @@ def sweep(
     try:
         backend_registry.check_extra()
         base = load_config(config) if config else SweepConfig()
-        overrides = dict(backends=backends, ops=ops, dtypes=dtypes, modes=modes, min_bytes=min_bytes,
+        if views is not None and modes is not None:
+            raise ArxtuneError("--modes is the old name of --views; give only --views")
+        overrides = dict(backends=backends, ops=ops, dtypes=dtypes, views=views if views is not None else modes, min_bytes=min_bytes,
                          max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s, out=out)
         cfg = base.with_overrides(**overrides)
         if not distributed.under_torchrun():
@@ -153,7 +156,7 @@ def sweep(
 
 @app.command()
 def calibrate(
-    runs: list[Path] = typer.Argument(..., help="Run directories under results/ (several world sizes and modes merge into one file)."),
+    runs: list[Path] = typer.Argument(..., help="Run directories under results/ (several world sizes and views merge into one file)."),
     out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json for one run; needed for several)."),
     baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the runs')."),
     margin: float = typer.Option(0.05, help="Fraction by which a backend must beat the baseline's median."),
@@ -238,7 +241,8 @@ def plot(
     run: Path = typer.Argument(..., help="Run directory under results/."),
     thresholds: Optional[Path] = typer.Option(None, help="Thresholds file for the bands (default RUN/thresholds.json if present)."),
     out: Optional[Path] = typer.Option(None, help="Image to write: .png (default RUN/plot.png), .svg or .pdf."),
-    mode: Optional[str] = typer.Option(None, help="Only this timing mode (eager or graph)."),
+    view: Optional[str] = typer.Option(None, help="Only this timing view (eager, isolated or graph)."),
+    mode: Optional[str] = typer.Option(None, hidden=True, help="Old name of --view."),
 ) -> None:
     """Draw latency and bus bandwidth against size, with the chosen backend per range.
 
@@ -249,10 +253,12 @@ def plot(
     from arxtune.runtime.thresholds import load
 
     try:
+        if view is not None and mode is not None:
+            raise ArxtuneError("--mode is the old name of --view; give only --view")
         loaded = load_run(run)
         default = loaded.path / "thresholds.json"
         table = load(thresholds) if thresholds else (load(default) if default.exists() else None)
-        typer.echo(f"plot: {plot_run(loaded, table, out, mode)}")
+        typer.echo(f"plot: {plot_run(loaded, table, out, view if view is not None else mode)}")
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
 

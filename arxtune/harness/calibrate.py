@@ -202,11 +202,11 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         frame = r.frame()
         ok = frame[frame.status == "ok"]
         for mode, candidates in views.items():
-            view = next((v for v in candidates if (ok["mode"] == v).any()), None)
+            view = next((v for v in candidates if (ok["view"] == v).any()), None)
             if view is None:
                 continue
             used_views.setdefault(r.meta.run_id, {})[mode] = view
-            tables, run_models = _op_tables(r, ok[ok["mode"] == view], mode, view, baseline, margin)
+            tables, run_models = _op_tables(r, ok[ok["view"] == view], mode, view, baseline, margin)
             models += [(r.meta.run_id, m) for m in run_models]
             for t in tables:
                 if t.key in chosen and _choose(f"both measure {t.op}/{t.dtype} at world size {t.world_size} for {t.mode}",

@@ -1,6 +1,6 @@
 """Do two runs of the same grid make the same choices? (`arxtune compare RUN_A RUN_B`)
 
-Per point (op, dtype, mode, size measured in both runs) each run's choice
+Per point (op, dtype, view, size measured in both runs) each run's choice
 comes from the measured decision rule (decision.py). The two agree when they
 choose the same backend, or backends whose pooled medians (both runs'
 samples together) are within `tolerance` of each other: either choice would
@@ -20,14 +20,14 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 
 DEFAULT_TOLERANCE = 0.05
-KEYS = ["op", "dtype", "mode", "nbytes"]
+KEYS = ["op", "dtype", "view", "nbytes"]
 
 
 @dataclass(frozen=True)
 class PointComparison:
     op: str
     dtype: str
-    mode: str
+    view: str
     nbytes: int
     choice_a: str
     choice_b: str
@@ -63,21 +63,21 @@ class Comparison:
 
 def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, str]:
     choices = {}
-    for (op, dtype, mode), group in frame.groupby(["op", "dtype", "mode"], sort=False):
+    for (op, dtype, view), group in frame.groupby(["op", "dtype", "view"], sort=False):
         for nbytes, backend in measured_winners(group, baseline, margin):
-            choices[(op, dtype, mode, nbytes)] = backend
+            choices[(op, dtype, view, nbytes)] = backend
     return choices
 
 
 def _medians(frame: pd.DataFrame) -> dict[tuple, float]:
-    return {(r.op, r.dtype, r.mode, r.nbytes, r.backend): r.median_us for r in frame.itertuples()}
+    return {(r.op, r.dtype, r.view, r.nbytes, r.backend): r.median_us for r in frame.itertuples()}
 
 
 def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
     samples: dict[tuple, list[float]] = {}
     for record in a.records + b.records:
         if record.status == "ok":
-            samples.setdefault((record.op, record.dtype, record.mode, record.nbytes, record.backend), []).extend(record.samples_us)
+            samples.setdefault((record.op, record.dtype, record.view, record.nbytes, record.backend), []).extend(record.samples_us)
     return {key: float(np.median(values)) for key, values in samples.items()}
 
 

@@ -13,7 +13,8 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.units import format_bytes, parse_bytes
 from arxtune.runtime.fileio import read_text
 
-MODES = ("eager", "isolated", "graph")
+#: Timing views (timing.py); "mode" is the runtime's word (thresholds.MODES), not the sweep's.
+VIEWS = ("eager", "isolated", "graph")
 #: Largest size a sweep may ask for: input and output of a rank must both fit on one device.
 MAX_BYTES_LIMIT = 16 << 30
 #: Most sizes on one grid; a step factor barely above 1 would otherwise ask for millions.
@@ -36,7 +37,7 @@ class SweepConfig:
     """Largest size, inclusive."""
     step_factor: float = 2.0
     """Ratio between consecutive sizes on the geometric grid."""
-    modes: tuple[str, ...] = ("eager", "isolated", "graph")
+    views: tuple[str, ...] = ("eager", "isolated", "graph")
     """Timing views (timing.py): eager (back-to-back calls), isolated (one call, host cost included;
     on CPU, one call right after the barrier) and graph (CUDA graphs, capturable backends only)."""
     warmup_iters: int = 5
@@ -68,9 +69,9 @@ class SweepConfig:
         bad_dtypes = [d for d in self.dtypes if d not in DTYPES]
         if bad_dtypes:
             raise ArxtuneError(f"unknown dtype(s) {', '.join(bad_dtypes)}; known: {', '.join(DTYPES)}")
-        bad_modes = [m for m in self.modes if m not in MODES]
-        if bad_modes:
-            raise ArxtuneError(f"unknown mode(s) {', '.join(bad_modes)}; known: {', '.join(MODES)}")
+        bad_views = [v for v in self.views if v not in VIEWS]
+        if bad_views:
+            raise ArxtuneError(f"unknown view(s) {', '.join(bad_views)}; known: {', '.join(VIEWS)}")
         if not (0 < self.min_bytes <= self.max_bytes):
             raise ArxtuneError("min_bytes must be positive and not above max_bytes")
         if self.max_bytes > MAX_BYTES_LIMIT:
@@ -86,8 +87,8 @@ class SweepConfig:
             raise ArxtuneError("need 1 <= min_iters <= max_iters")
         if not all(math.isfinite(v) and v > 0 for v in (self.point_budget_s, self.timeout_s)) or self.warmup_iters < 0:
             raise ArxtuneError("point_budget_s and timeout_s must be positive numbers, warmup_iters not negative")
-        if not (self.backends and self.ops and self.dtypes and self.modes):
-            raise ArxtuneError("backends, ops, dtypes and modes must each name at least one entry")
+        if not (self.backends and self.ops and self.dtypes and self.views):
+            raise ArxtuneError("backends, ops, dtypes and views must each name at least one entry")
         if self.baseline is not None and self.baseline not in backend_names():
             raise ArxtuneError(f"unknown baseline {self.baseline!r}; known: {', '.join(backend_names())}")
         bad_options = [k for k, v in self.backend_options.items() if not isinstance(v, dict)]
@@ -102,7 +103,9 @@ class SweepConfig:
         return asdict(self)
 
 
-_LIST_FIELDS = {"backends", "ops", "dtypes", "modes"}
+_LIST_FIELDS = {"backends", "ops", "dtypes", "views"}
+#: Keys of earlier versions, still read: old key -> its name now.
+_OLD_KEYS = {"modes": "views"}
 _SIZE_FIELDS = {"min_bytes", "max_bytes"}
 #: field -> (accepted Python types, what to write instead); lists and sizes are handled above these.
 _TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, float), "a number"),
@@ -132,6 +135,11 @@ def _coerce(key: str, value):
 def from_mapping(data: dict) -> SweepConfig:
     if not isinstance(data, dict):
         raise ArxtuneError("bad config: the sweep settings must be a table")
+    for old, new in _OLD_KEYS.items():
+        if old in data:
+            if new in data:
+                raise ArxtuneError(f"config key {old} is the old name of {new}; give only {new}")
+            data = {(new if key == old else key): value for key, value in data.items()}
     known = {f.name for f in fields(SweepConfig)}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -39,7 +39,7 @@ def _bands(ax, thresholds: Thresholds | None, op: str, dtype: str, world: int, c
                     color=colors.get(r.backend, "grey"))
 
 
-def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | None = None, mode: str | None = None) -> Path:
+def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | None = None, view: str | None = None) -> Path:
     """Draw every (op, dtype) of a run in one figure; returns the file written."""
     out = Path(out) if out else run.path / "plot.png"
     if out.suffix.lower() not in FORMATS:
@@ -47,8 +47,8 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
     check_writable_file(out, "plot")
     frame = run.frame()
     ok = frame[frame.status == "ok"]
-    if mode:
-        ok = ok[ok["mode"] == mode]
+    if view:
+        ok = ok[ok["view"] == view]
     if ok.empty:
         raise ArxtuneError(f"run {run.meta.run_id} has no correct points to plot; check `arxtune show {run.path}`")
     panels = list(ok.groupby(["op", "dtype"], sort=False).groups)
@@ -63,10 +63,10 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
     for row, (op, dtype) in enumerate(panels):
         lat, bw = axes[row]
         data = ok[(ok.op == op) & (ok.dtype == dtype)]
-        for (backend, point_mode), series in data.groupby(["backend", "mode"], sort=False):
+        for (backend, point_view), series in data.groupby(["backend", "view"], sort=False):
             series = series.sort_values("nbytes")
-            label = backend if point_mode == "eager" else f"{backend} ({point_mode})"
-            style = LINE_STYLES.get(point_mode, "--")
+            label = backend if point_view == "eager" else f"{backend} ({point_view})"
+            style = LINE_STYLES.get(point_view, "--")
             lat.plot(series.nbytes, series.median_us, style, marker="o", ms=3, color=colors[backend], label=label)
             lat.fill_between(series.nbytes, series.p10_us, series.p90_us, color=colors[backend], alpha=0.2, lw=0)
             unstable = series[series.unstable.astype(bool)]

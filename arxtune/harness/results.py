@@ -11,6 +11,10 @@ Format history:
 - version 2: points.csv gains `round_iters`: samples come in rounds
   interleaved across backends, and intervals come from the spread across
   rounds. Version 1 runs are refused (their intervals are not comparable).
+- version 3: points.csv's `mode` column is named `view` (how a point was
+  timed: eager, isolated, graph; "mode" is the runtime's word), and the
+  config's `modes` key is `views`. Version 2 runs are still read, resumed and
+  appended to in their own format.
 """
 
 from __future__ import annotations
@@ -27,15 +31,19 @@ from pathlib import Path
 import pandas as pd
 
 from arxtune.runtime.ops import DTYPES, OP_SPECS
-from arxtune.harness.config import MODES
+from arxtune.harness.config import VIEWS
 from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime.fileio import ensure_dir, read_text, write_text_atomic
 from arxtune.harness.stats import bandwidths, summarize
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: Versions this arxtune reads; a run keeps its version (and header) when resumed.
+READABLE_VERSIONS = (2, 3)
 META_FILE = "meta.json"
 POINTS_FILE = "points.csv"
-POINT_COLUMNS = ["backend", "op", "dtype", "mode", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
+POINT_COLUMNS = ["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
+#: points.csv's header in each readable version (the columns keep their order).
+HEADERS = {3: POINT_COLUMNS, 2: [("mode" if c == "view" else c) for c in POINT_COLUMNS]}
 STATUSES = ("ok", "wrong", "error", "unsupported")
 #: points.csv of the largest sweeps stays far below this.
 POINTS_FILE_LIMIT = 1 << 30
@@ -46,12 +54,12 @@ FRAME_COLUMNS = [c for c in POINT_COLUMNS if c not in ("samples_us", "round_iter
 
 @dataclass(frozen=True)
 class PointRecord:
-    """One (backend, op, dtype, mode, size) measurement as stored."""
+    """One (backend, op, dtype, view, size) measurement as stored."""
 
     backend: str
     op: str
     dtype: str
-    mode: str
+    view: str
     size: int  # the grid size asked for
     nbytes: int  # the bytes actually moved (rounded to whole elements per rank)
     world_size: int
@@ -62,10 +70,10 @@ class PointRecord:
 
     @property
     def key(self) -> tuple:
-        return (self.backend, self.op, self.dtype, self.mode, self.size)
+        return (self.backend, self.op, self.dtype, self.view, self.size)
 
     def to_row(self) -> list:
-        return [self.backend, self.op, self.dtype, self.mode, self.size, self.nbytes, self.world_size,
+        return [self.backend, self.op, self.dtype, self.view, self.size, self.nbytes, self.world_size,
                 self.status, len(self.samples_us), " ".join(map(str, self.round_iters)),
                 " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split())]
 
@@ -98,13 +106,13 @@ class RunMeta:
         if not isinstance(data, dict):
             raise FormatError(f"{source}: meta.json must hold an object, not {type(data).__name__}; the run is corrupt")
         version = data.get("version")
-        if version != FORMAT_VERSION:
-            raise FormatError(f"{source}: results format version {version!r} is not supported (this arxtune reads {FORMAT_VERSION}, "
-                              "samples timed in interleaved rounds); re-run the sweep with this arxtune")
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
+            raise FormatError(f"{source}: results format version {version!r} is not supported (this arxtune reads "
+                              f"{', '.join(map(str, READABLE_VERSIONS))}: samples timed in interleaved rounds); re-run the sweep with this arxtune")
         try:
             meta = cls(**data)
         except TypeError as exc:
-            raise FormatError(f"{source}: meta.json does not match format {FORMAT_VERSION} ({exc}); the run is corrupt") from None
+            raise FormatError(f"{source}: meta.json does not match format {version} ({exc}); the run is corrupt") from None
         for f in fields(cls):
             value = getattr(meta, f.name)
             if not isinstance(value, _META_TYPES[f.name]) or isinstance(value, bool) and bool not in _META_TYPES[f.name]:
@@ -202,8 +210,8 @@ def _row_problem(record: PointRecord, iters: int, meta: RunMeta) -> str:
     """Why a parsed row cannot be part of this run ('' when it can)."""
     if meta.backends and record.backend not in meta.backends:
         return f"backend {record.backend!r} is not one of the run's ({', '.join(meta.backends)})"
-    if record.op not in OP_SPECS or record.dtype not in DTYPES or record.mode not in MODES or record.status not in STATUSES:
-        return "unknown op, dtype, mode or status"
+    if record.op not in OP_SPECS or record.dtype not in DTYPES or record.view not in VIEWS or record.status not in STATUSES:
+        return "unknown op, dtype, view or status"
     if record.size < 1 or record.nbytes < 1:
         return "sizes must be positive"
     if record.world_size != meta.world_size:
@@ -222,8 +230,8 @@ def _parse_row(row: list[str], where: str, meta: RunMeta) -> PointRecord:
     if len(row) != len(POINT_COLUMNS):
         raise FormatError(f"{where}: {len(row)} fields, expected {len(POINT_COLUMNS)}; the run is corrupt")
     try:
-        backend, op, dtype, mode, size, nbytes, world, status, iters, round_iters, samples, error = row
-        record = PointRecord(backend, op, dtype, mode, int(size), int(nbytes), int(world), status, _parse_samples(samples), error,
+        backend, op, dtype, view, size, nbytes, world, status, iters, round_iters, samples, error = row
+        record = PointRecord(backend, op, dtype, view, int(size), int(nbytes), int(world), status, _parse_samples(samples), error,
                              tuple(int(v) for v in round_iters.split()))
         problem = _row_problem(record, int(iters), meta)
     except ValueError as exc:
@@ -241,7 +249,7 @@ def _read_points(points_path: Path, meta: RunMeta) -> tuple[list[PointRecord], s
     reader = csv.reader(io.StringIO(complete, newline=""), strict=True)
     line = 1  # where the row being read starts: a quote left open is reported where it opened
     try:
-        if next(reader, None) != POINT_COLUMNS:
+        if next(reader, None) != HEADERS[meta.version]:
             raise FormatError(f"{points_path} has unexpected columns; the run is corrupt or from another version")
         records, seen = [], set()
         while (line := reader.line_num + 1) and (row := next(reader, None)) is not None:

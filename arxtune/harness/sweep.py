@@ -1,6 +1,6 @@
 """The harness: every rank runs this under torchrun; only rank 0 writes.
 
-Per point (op, dtype, mode, size) every backend is checked against an exact
+Per point (op, dtype, view, size) every backend is checked against an exact
 reference and warmed up, its iteration count chosen from a short estimate so
 sampling fits the point's budget; then the backends are timed in interleaved
 rounds, each sample with all ranks released together by a barrier, keeping
@@ -47,12 +47,12 @@ class Point:
     backend: str
     op: str
     dtype: str
-    mode: str
+    view: str
     size: int
 
     @property
     def key(self) -> tuple:
-        return (self.backend, self.op, self.dtype, self.mode, self.size)
+        return (self.backend, self.op, self.dtype, self.view, self.size)
 
 
 def new_run_id(world_size: int, device_type: str) -> str:
@@ -85,32 +85,32 @@ def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
 
 @dataclass(frozen=True)
 class PointGroup:
-    """The backends timed together at one (op, dtype, mode, size): the unit of rounds and of resume."""
+    """The backends timed together at one (op, dtype, view, size): the unit of rounds and of resume."""
 
     op: str
     dtype: str
-    mode: str
+    view: str
     size: int
     backends: tuple[str, ...]
 
     def points(self) -> list[Point]:
-        return [Point(name, self.op, self.dtype, self.mode, self.size) for name in self.backends]
+        return [Point(name, self.op, self.dtype, self.view, self.size) for name in self.backends]
 
 
 def plan_points(config: SweepConfig, ready: dict[str, Backend], device: torch.device) -> list[PointGroup]:
-    """One group per (mode, op, dtype, size), holding every ready backend that can run it."""
+    """One group per (view, op, dtype, size), holding every ready backend that can run it."""
     sizes = size_grid(config.min_bytes, config.max_bytes, config.step_factor)
     groups = []
-    for mode in config.modes:
-        if not has_timer(device, mode):
+    for view in config.views:
+        if not has_timer(device, view):
             continue
         for op in config.ops:
             names = tuple(name for name, backend in ready.items() if op in getattr(backend, "ops", OPS)
-                          and (mode != "graph" or backend.capturable))
+                          and (view != "graph" or backend.capturable))
             if not names:
                 continue
             for dtype in config.dtypes:
-                groups.extend(PointGroup(op, dtype, mode, size, names) for size in sizes)
+                groups.extend(PointGroup(op, dtype, view, size, names) for size in sizes)
     return groups
 
 
@@ -218,7 +218,7 @@ class PointRunner:
         if not distributed.all_true(backend.supports(point.op, dtype, nbytes), ctx.cpu_group):
             return PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="unsupported",
                                error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
-        timer = make_timer(ctx.device, point.mode, nbytes)
+        timer = make_timer(ctx.device, point.view, nbytes)
         count = buffer_count(timer, nbytes, config.max_bytes)
         ins = [make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device) for _ in range(count)]
         outs = [torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device) for _ in range(count)]
@@ -398,7 +398,7 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
             task = bar.add_task("", total=len(groups)) if bar else None
             for group in groups:
                 if bar:
-                    bar.update(task, description=f"{group.op} {group.dtype} {format_bytes(group.size)} {group.mode}")
+                    bar.update(task, description=f"{group.op} {group.dtype} {format_bytes(group.size)} {group.view}")
                 records = runner.measure_group(group, ready)
                 if writer:
                     writer.append_group([r for r in records if r.key not in done])

@@ -75,6 +75,24 @@ def _unfinished(run_path: str) -> bool:
         return bool(run_path)  # on another node, or damaged: still the directory to look at
 
 
+def _check_runnable(cfg) -> None:
+    """Refuse, before any rank starts, a sweep of which every backend or every view cannot run on this machine."""
+    from arxtune.harness.doctor import backend_reasons
+    from arxtune.harness.timing import has_timer
+    from arxtune.harness.launch import local_device_type
+
+    import torch
+
+    reasons = backend_reasons()
+    if all(reasons.get(name) for name in cfg.backends):
+        why = "; ".join(f"{name}: {reasons[name]}" for name in cfg.backends)
+        raise ArxtuneError(f"none of the backends asked for can run on this machine ({why}); `arxtune doctor` lists what can")
+    device = torch.device(local_device_type())
+    if not any(has_timer(device, view) for view in cfg.views):
+        raise ArxtuneError(f"none of the views asked for ({', '.join(cfg.views)}) can be timed with {device.type} tensors "
+                           f"(graph needs CUDA); use --views eager,isolated")
+
+
 def _launch_failure(result) -> str:
     """The one line the parent prints when torchrun did not finish cleanly."""
     resume = f"finished points are kept: continue with `arxtune sweep --resume {result.run_path}`" if _unfinished(result.run_path) else ""
@@ -121,7 +139,7 @@ def sweep(
     from arxtune.runtime import backends as backend_registry, distributed
     from arxtune.harness import launch, sweep as sweep_mod
     from arxtune.harness.config import SweepConfig, load_config
-    from arxtune.runtime.fileio import check_writable_dir
+    from arxtune.runtime.fileio import check_name, check_run_folder
 
     try:
         backend_registry.check_extra()
@@ -131,13 +149,16 @@ def sweep(
         overrides = dict(backends=backends, ops=ops, dtypes=dtypes, views=views if views is not None else modes, min_bytes=min_bytes,
                          max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s, out=out)
         cfg = base.with_overrides(**overrides)
+        if run_id is not None:
+            check_name(run_id, "--run-id")
         if not distributed.under_torchrun():
+            plan = launch.LaunchPlan(nproc_per_node, nnodes, node_rank, rdzv_endpoint, timeout_s=cfg.timeout_s)
+            plan.torchrun_args()  # validate before starting anything
             if resume:
                 _check_resume(resume, config, run_id, overrides)  # before any rank starts
             else:
-                check_writable_dir(cfg.out, "--out directory")
-            plan = launch.LaunchPlan(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
-            plan.torchrun_args()  # validate before starting anything
+                check_run_folder(cfg.out, "--out directory")
+                _check_runnable(cfg)
             result = launch.run_under_torchrun(plan, sys.argv[1:])
             if result.code or result.interrupted:
                 _fail(ArxtuneError(_launch_failure(result)), 130 if result.interrupted else 2)
@@ -181,7 +202,8 @@ def calibrate(
     from arxtune.harness.report import thresholds_table
     from arxtune.harness.results import load_run
 
-    from arxtune.runtime.fileio import check_writable_file
+    from arxtune.runtime.fileio import check_output
+    from arxtune.runtime.thresholds import is_thresholds_file
 
     try:
         if export not in (None, "csv", "table"):
@@ -189,13 +211,17 @@ def calibrate(
         if len(runs) > 1 and out is None and not install:
             raise ArxtuneError("several runs make one file: say where it goes with --out FILE (or --install)")
         loaded = [load_run(run) for run in runs]
-        target = check_writable_file(out or loaded[0].path / "thresholds.json", "--out") if out is not None or len(loaded) == 1 else None
+        inputs = [run.path for run in loaded]
+        # Every file this command writes is checked before the first is written.
+        target = (check_output(out if out is not None else loaded[0].path / "thresholds.json", "--out", inputs, is_thresholds_file)
+                  if out is not None or len(loaded) == 1 else None)
+        installed = check_output(default_thresholds_path(), "install target", inputs, is_thresholds_file) if install else None
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
         thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
         if target is not None:
             typer.echo(f"thresholds: {thresholds.save(target)} ({describe_views(thresholds)})")
         if install:
-            typer.echo(f"installed:  {thresholds.save(default_thresholds_path())}")
+            typer.echo(f"installed:  {thresholds.save(installed)}")
         if export == "csv":
             typer.echo(thresholds.to_csv(), nl=False)
         elif export == "table":
@@ -258,7 +284,7 @@ def plot(
         loaded = load_run(run)
         default = loaded.path / "thresholds.json"
         table = load(thresholds) if thresholds else (load(default) if default.exists() else None)
-        typer.echo(f"plot: {plot_run(loaded, table, out, view if view is not None else mode)}")
+        typer.echo(f"plot: {plot_run(loaded, table, out, view if view is not None else mode, (thresholds,) if thresholds else ())}")
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
 

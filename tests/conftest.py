@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from arxtune.runtime import backends
 from helpers.runs import make_run
 
 TESTS = Path(__file__).parent
@@ -20,6 +21,21 @@ def pytest_terminal_summary(terminalreporter):
     tiers = sorted({p.resolve().relative_to(TESTS).parts[0] for p in paths
                     if p.suffix == ".py" and p.resolve().is_relative_to(TESTS) and len(p.resolve().relative_to(TESTS).parts) > 1})
     terminalreporter.write_line(f"arxtune tier {'+'.join(tiers) or 'none'}: {time.monotonic() - _started:.1f} s wall")
+
+
+#: The backends synthetic runs and hand-made files name, registered as a site would (ARXTUNE_EXTRA_BACKENDS),
+#: since a thresholds file may name only backends the process knows.
+TEST_BACKENDS = ("fast", "faster", "quick", "x", "y", "graphy", "counting", "capcounting", "limited", "smallonly")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _test_backends():
+    added = [name for name in TEST_BACKENDS if name not in backends.REGISTRY]
+    for name in added:
+        backends.register(name, "helpers.backends:CountingGloo")
+    yield
+    for name in added:
+        backends.REGISTRY.pop(name, None)
 
 
 @pytest.fixture

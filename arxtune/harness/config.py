@@ -11,7 +11,7 @@ from arxtune.runtime.backends import OPS, names as backend_names
 from arxtune.runtime.ops import DTYPES
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.units import format_bytes, parse_bytes
-from arxtune.runtime.fileio import read_text
+from arxtune.runtime.fileio import check_exists, read_text
 
 #: Timing views (timing.py); "mode" is the runtime's word (thresholds.MODES), not the sweep's.
 VIEWS = ("eager", "isolated", "graph")
@@ -149,9 +149,7 @@ def from_mapping(data: dict) -> SweepConfig:
 
 def load_config(path: str | Path) -> SweepConfig:
     """Read a TOML sweep config; its [sweep] table (or top level) holds SweepConfig fields."""
-    path = Path(path)
-    if not path.exists():
-        raise ArxtuneError(f"config {path} not found; see configs/sweep/ for examples")
+    path = check_exists(path, "config", "; see configs/sweep/ for examples")
     try:
         data = tomllib.loads(read_text(path, "config"))
     except tomllib.TOMLDecodeError as exc:

@@ -32,8 +32,9 @@ import pandas as pd
 
 from arxtune.runtime.ops import DTYPES, OP_SPECS
 from arxtune.harness.config import VIEWS
+from arxtune.runtime import schema
 from arxtune.runtime.errors import ArxtuneError, FormatError
-from arxtune.runtime.fileio import ensure_dir, read_text, write_text_atomic
+from arxtune.runtime.fileio import check_exists, ensure_dir, read_text, write_text_atomic
 from arxtune.harness.stats import bandwidths, summarize
 
 FORMAT_VERSION = 3
@@ -102,32 +103,65 @@ class RunMeta:
     command: str = ""
 
     @classmethod
-    def from_dict(cls, data: dict, source: Path) -> "RunMeta":
-        if not isinstance(data, dict):
-            raise FormatError(f"{source}: meta.json must hold an object, not {type(data).__name__}; the run is corrupt")
+    def from_dict(cls, data, source: Path | str) -> "RunMeta":
+        """The typed meta.json: every field checked (type, range, known names), any problem one FormatError."""
+        try:
+            return cls._build(data)
+        except FormatError as exc:
+            raise FormatError(f"{source}: {exc}; the run is corrupt") from None
+
+    @classmethod
+    def _build(cls, data) -> "RunMeta":
+        data = schema.table(data, "meta.json")
         version = data.get("version")
         if isinstance(version, bool) or version not in READABLE_VERSIONS:
-            raise FormatError(f"{source}: results format version {version!r} is not supported (this arxtune reads "
+            raise FormatError(f"results format version {schema._show(version)} is not supported (this arxtune reads "
                               f"{', '.join(map(str, READABLE_VERSIONS))}: samples timed in interleaved rounds); re-run the sweep with this arxtune")
-        try:
-            meta = cls(**data)
-        except TypeError as exc:
-            raise FormatError(f"{source}: meta.json does not match format {version} ({exc}); the run is corrupt") from None
-        for f in fields(cls):
-            value = getattr(meta, f.name)
-            if not isinstance(value, _META_TYPES[f.name]) or isinstance(value, bool) and bool not in _META_TYPES[f.name]:
-                raise FormatError(f"{source}: meta.json field {f.name} has the wrong type ({value!r}); the run is corrupt")
-        if meta.world_size < 1 or not all(isinstance(v, str) for v in meta.hostnames + meta.device_names):
-            raise FormatError(f"{source}: meta.json has a bad world_size, hostnames or device_names; the run is corrupt")
-        return meta
+        schema.known_keys(data, "meta.json", ("run_id", "world_size", "device_type", "config", "baseline", "started"),
+                          [f.name for f in fields(cls)])
+        text, strings = schema.string, schema.strings
+        return cls(
+            run_id=schema.string(data["run_id"], "run_id", empty=False), world_size=schema.integer(data["world_size"], "world_size", 1),
+            device_type=text(data["device_type"], "device_type"), config=_meta_config(data["config"]),
+            baseline=schema.name(data["baseline"], "baseline"), started=text(data["started"], "started"), version=version,
+            finished=schema.optional_string(data.get("finished"), "finished"),
+            arxtune_version=text(data.get("arxtune_version", ""), "arxtune_version"),
+            torch_version=text(data.get("torch_version", ""), "torch_version"),
+            nccl_version=schema.optional_string(data.get("nccl_version"), "nccl_version"),
+            driver_version=schema.optional_string(data.get("driver_version"), "driver_version"),
+            rdma_devices=list(strings(data.get("rdma_devices", []), "rdma_devices")),
+            hostnames=list(strings(data.get("hostnames", []), "hostnames")),
+            device_names=list(strings(data.get("device_names", []), "device_names")),
+            backends={schema.name(n, "backends"): _backend_status(s, f"backends.{n}")
+                      for n, s in schema.table(data.get("backends", {}), "backends").items()},
+            fabric_floor_us=schema.optional_number(data.get("fabric_floor_us"), "fabric_floor_us", lo=0.0, lo_open=True),
+            command=text(data.get("command", ""), "command"))
 
 
-_NUMBER = (int, float)
-_META_TYPES = {"run_id": (str,), "world_size": (int,), "device_type": (str,), "config": (dict,), "baseline": (str,),
-               "started": (str,), "version": (int,), "finished": (str, type(None)), "arxtune_version": (str,),
-               "torch_version": (str,), "nccl_version": (str, type(None)), "hostnames": (list,), "device_names": (list,),
-               "backends": (dict,), "fabric_floor_us": (*_NUMBER, type(None)), "command": (str,),
-               "driver_version": (str, type(None)), "rdma_devices": (list,)}
+#: Largest step between grid sizes a run may record (calibrate extends tables by it).
+MAX_STEP_FACTOR = 1e6
+
+
+def _meta_config(value) -> dict:
+    """The sweep config a run recorded: what readers use is checked here; resume checks all of it (config.from_mapping)."""
+    config = schema.table(value, "config")
+    if "step_factor" in config:
+        schema.number(config["step_factor"], "config.step_factor", lo=1.0, hi=MAX_STEP_FACTOR, lo_open=True)
+    return config
+
+
+def _backend_status(value, where: str) -> dict:
+    """One backend's line in meta.json: available, why not, and how it was opened."""
+    status = schema.known_keys(schema.table(value, where), where, ("available",), ("reason", "capturable", "ops", "capacity", "options"))
+    if not isinstance(status["available"], bool) or not isinstance(status.get("capturable", False), bool):
+        raise FormatError(f"{where}.available and .capturable must be true or false")
+    schema.string(status.get("reason", ""), f"{where}.reason")
+    schema.items(status.get("ops", []), f"{where}.ops", lambda v, w: schema.string(v, w, OP_SPECS))
+    for op, limit in schema.table(status.get("capacity", {}), f"{where}.capacity").items():
+        schema.string(op, f"{where}.capacity", OP_SPECS)
+        schema.size(limit, f"{where}.capacity.{op}")
+    schema.table(status.get("options", {}), f"{where}.options")
+    return status
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -212,8 +246,8 @@ def _row_problem(record: PointRecord, iters: int, meta: RunMeta) -> str:
         return f"backend {record.backend!r} is not one of the run's ({', '.join(meta.backends)})"
     if record.op not in OP_SPECS or record.dtype not in DTYPES or record.view not in VIEWS or record.status not in STATUSES:
         return "unknown op, dtype, view or status"
-    if record.size < 1 or record.nbytes < 1:
-        return "sizes must be positive"
+    if not (0 < record.size <= schema.MAX_SIZE_BYTES and 0 < record.nbytes <= schema.MAX_SIZE_BYTES):
+        return f"sizes must be positive and at most {schema.MAX_SIZE_BYTES}"
     if record.world_size != meta.world_size:
         return f"world size {record.world_size} in a run of world size {meta.world_size}"
     if iters != len(record.samples_us) or (record.status == "ok") != bool(record.samples_us):
@@ -267,18 +301,21 @@ def read_meta(path: str | Path) -> RunMeta:
     """A run directory's meta.json alone, validated."""
     meta_path = Path(path) / META_FILE
     try:
-        return RunMeta.from_dict(json.loads(read_text(meta_path, "run metadata")), meta_path)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{meta_path} is not valid JSON ({exc}); the run is corrupt") from None
-    except FormatError:
-        raise
+        data = schema.parse_json(read_text(meta_path, "run metadata"), str(meta_path))
+    except FormatError as exc:
+        raise FormatError(f"{exc}; the run is corrupt") from None
     except ArxtuneError as exc:
         raise FormatError(str(exc)) from None
+    return RunMeta.from_dict(data, meta_path)
 
 
 def load_run(path: str | Path) -> Run:
     """Read a run directory; a missing, corrupt or unknown-version run is a FormatError."""
     path = Path(path)
+    try:
+        check_exists(path, "run directory")
+    except ArxtuneError as exc:
+        raise FormatError(f"{path} is not an arxtune run ({str(exc).removeprefix(f'run directory {path} ')})") from None
     meta_path, points_path = path / META_FILE, path / POINTS_FILE
     if not meta_path.is_file() or not points_path.is_file():
         raise FormatError(f"{path} is not an arxtune run (needs {META_FILE} and {POINTS_FILE}); pass a directory under results/")

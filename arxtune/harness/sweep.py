@@ -34,6 +34,7 @@ from arxtune.runtime.ops import DTYPES, OP_SPECS, elements_per_rank, expected_ou
 from arxtune.harness.config import SweepConfig, format_bytes, from_mapping
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
+from arxtune.harness.launch import JOINED_LINE
 from arxtune.harness.timing import Timer, has_timer, make_timer
 
 ESTIMATE_CALLS = 3
@@ -314,6 +315,7 @@ def _progress(enabled: bool, total: int):
 def run(config: SweepConfig, run_id: str | None = None, resume: str | None = None, progress: bool = True) -> Path:
     """Sweep under torchrun; returns the run directory (rank 0 writes it, all ranks return its path)."""
     ctx = distributed.init(config.timeout_s, config.backend_options)
+    print(JOINED_LINE, file=sys.stderr, flush=True)  # the launcher's sign that the rendezvous is over
     interrupted = False
     try:
         return _run(config, ctx, run_id, resume, progress)

@@ -110,7 +110,7 @@ def test_sweep_out_that_cannot_hold_runs(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("damage, needle", [
-    ("meta list", "must hold an object"),
+    ("meta list", "meta.json must be an object"),
     ("meta binary", "not UTF-8"),
     ("points binary", "not UTF-8"),
     ("nan sample", "samples must be positive"),

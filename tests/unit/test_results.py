@@ -142,9 +142,9 @@ def test_corrupt_points_are_rejected_naming_the_line(tmp_path, damage, needle):
 
 @pytest.mark.parametrize("meta_text, needle", [
     ("{not json", "not valid JSON"),
-    ("[1, 2]", "must hold an object"),
-    ("world_size two", "world_size has the wrong type"),
-    ("hostnames 5", "hostnames has the wrong type"),
+    ("[1, 2]", "meta.json must be an object"),
+    ("world_size two", "world_size must be a whole number, not 'two'"),
+    ("hostnames 5", "hostnames must be a list, not 5"),
 ])
 def test_corrupt_meta_is_rejected(tmp_path, meta_text, needle):
     run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))

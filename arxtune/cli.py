@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 
 from arxtune.runtime.errors import ArxtuneError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+class _OneLineErrors(typer.core.TyperGroup):
+    """A flag typer cannot parse (`--margin abc`, an unknown option) is one line too, like every other error."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        from typer import _click  # the click typer ships with; its exceptions are what parsing raises
+
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()
+            code = exc.exit_code
+        except _click.exceptions.ClickException as exc:
+            typer.echo(f"arxtune: error: {' '.join(exc.format_message().split())} (see --help)", err=True)
+            code = exc.exit_code
+        except typer.Abort:
+            typer.echo("arxtune: error: aborted", err=True)
+            code = 1
+        if standalone_mode:
+            sys.exit(code or 0)
+        return code
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure collective backends, calibrate crossovers, and dispatch per call.")
 
 
@@ -136,13 +160,15 @@ def sweep(
 
       torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 -m arxtune sweep -c configs/sweep/gb10-2node.toml
     """
-    from arxtune.runtime import backends as backend_registry, distributed
+    from arxtune.runtime import backends as backend_registry, distributed, env
     from arxtune.harness import launch, sweep as sweep_mod
     from arxtune.harness.config import SweepConfig, load_config
     from arxtune.runtime.fileio import check_name, check_run_folder
 
     try:
         backend_registry.check_extra()
+        if env.problems():
+            raise ArxtuneError("; ".join(env.problems()))
         base = load_config(config) if config else SweepConfig()
         if views is not None and modes is not None:
             raise ArxtuneError("--modes is the old name of --views; give only --views")
@@ -251,6 +277,8 @@ def compare(
     from arxtune.harness.results import load_run
 
     try:
+        if not (math.isfinite(min_agreement) and 0 <= min_agreement <= 1):
+            raise ArxtuneError(f"--min-agreement must be a fraction from 0 to 1 (e.g. 0.95), not {min_agreement}")
         comparison = compare_runs(load_run(run_a), load_run(run_b), baseline=baseline, margin=margin, tolerance=tolerance)
     except ArxtuneError as exc:
         _fail(exc)
@@ -358,10 +386,18 @@ def e2e(
 @app.command()
 def doctor() -> None:
     """List RDMA devices, GIDs, limits and GPUs, and which backends can run here."""
+    from arxtune.runtime import backends as backend_registry, env
+
     try:
         from arxtune.harness.doctor import doctor as run_doctor, format_report
     except ImportError as exc:
         _fail(ArxtuneError(f"doctor is unavailable: {exc}"))
+    try:
+        backend_registry.check_extra()
+        if env.problems():
+            raise ArxtuneError("; ".join(env.problems()))
+    except ArxtuneError as exc:
+        _fail(exc)
     typer.echo(format_report(run_doctor()))
 
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The fuzzers (tests/unit/test_fuzz_*.py) bound their own example counts; CI replays the same examples every run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from arxtune.runtime import backends
 from helpers.runs import make_run

@@ -10,6 +10,7 @@ other run's medians: its time there over the fastest backend's, minus one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,8 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 
 DEFAULT_TOLERANCE = 0.05
+#: Largest margin or tolerance: a backend 100 times slower still "within tolerance" is no comparison.
+MAX_FRACTION = 100.0
 KEYS = ["op", "dtype", "view", "nbytes"]
 
 
@@ -88,6 +91,15 @@ def _regret(choice: str, point: tuple, medians: dict[tuple, float]) -> float:
 
 def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.05,
                  tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
+    for name, value in (("--margin", margin), ("--tolerance", tolerance)):
+        if not (math.isfinite(value) and 0 <= value <= MAX_FRACTION):
+            raise ArxtuneError(f"{name} must be a number from 0 to {MAX_FRACTION:g} (a fraction such as 0.05), not {value}")
+    if a.path.resolve() == b.path.resolve() or a.meta.run_id == b.meta.run_id:
+        raise ArxtuneError(f"both runs are run {a.meta.run_id}; a run agrees with itself: compare two runs of the same grid")
+    if baseline is not None:
+        measured = {r.backend for r in a.records} & {r.backend for r in b.records}
+        if baseline not in measured:
+            raise ArxtuneError(f"--baseline {baseline!r} was not measured in both runs (both have: {', '.join(sorted(measured)) or 'none'})")
     if baseline is None:
         if a.meta.baseline != b.meta.baseline:
             raise ArxtuneError(f"the runs have different baselines ({a.meta.baseline}, {b.meta.baseline}); pass --baseline")

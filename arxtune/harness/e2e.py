@@ -297,7 +297,7 @@ def _summary_entry(value, where: str) -> dict:
             schema.number(stats.get(key), f"{where}.{part}.{key}")
     if not isinstance(s.get("tokens_identical"), bool) or not isinstance(s.get("plugin", False), bool):
         raise FormatError(f"{where}.tokens_identical and .plugin must be true or false")
-    for rank, calls in schema.table(s.get("calls", {}), f"{where}.calls").items():
+    for rank, calls in schema.table(s.get("calls"), f"{where}.calls").items():
         for backend, count in schema.table(calls, f"{where}.calls.{rank}").items():
             schema.integer(count, f"{where}.calls.{rank}.{backend}")
     return s

@@ -106,6 +106,7 @@ class RunMeta:
     def from_dict(cls, data, source: Path | str) -> "RunMeta":
         """The typed meta.json: every field checked (type, range, known names), any problem one FormatError."""
         try:
+            schema.check_depth(data, "meta.json")
             return cls._build(data)
         except FormatError as exc:
             raise FormatError(f"{source}: {exc}; the run is corrupt") from None

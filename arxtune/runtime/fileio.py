@@ -30,13 +30,23 @@ RUN_DATA_FILES = ("meta.json", "points.csv")
 MAX_NAME = 200
 
 
+def _usable(path: str | Path, what: str) -> Path:
+    """A path the system calls can take: no NUL byte, not absurdly long (a ValueError or ENAMETOOLONG otherwise)."""
+    text = os.fspath(path)
+    if "\0" in text:
+        raise ArxtuneError(f"{what} {text!r} holds a NUL byte; no file has that name")
+    if len(text.encode("utf-8", "surrogateescape")) > 4096:
+        raise ArxtuneError(f"{what} is longer than 4096 bytes; no file has that name")
+    return Path(path)
+
+
 def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
 def check_exists(path: str | Path, what: str, hint: str = "") -> Path:
     """The path if it can be looked at; else one ArxtuneError that says why (not found, a symlink loop, no permission)."""
-    path = Path(path)
+    path = _usable(path, what)
     try:
         os.stat(path)
     except FileNotFoundError:
@@ -48,7 +58,7 @@ def check_exists(path: str | Path, what: str, hint: str = "") -> Path:
 
 def read_text(path: str | Path, what: str, limit: int = SMALL_FILE_BYTES) -> str:
     """The UTF-8 text of a regular file of at most `limit` bytes; anything else is one ArxtuneError."""
-    path = Path(path)
+    path = _usable(path, what)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -73,7 +83,7 @@ def read_text(path: str | Path, what: str, limit: int = SMALL_FILE_BYTES) -> str
 
 def ensure_dir(path: str | Path, what: str) -> Path:
     """Create a directory (and its parents) or say in one line why it cannot be."""
-    path = Path(path)
+    path = _usable(path, what)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -97,7 +107,7 @@ def check_writable_dir(path: str | Path, what: str) -> Path:
 
 def check_writable_file(path: str | Path, what: str) -> Path:
     """Refuse an output path that is a directory or whose folder cannot take files, before any work starts."""
-    path = Path(path)
+    path = _usable(path, what)
     if str(path) in ("", "."):
         raise ArxtuneError(f"{what} is empty; give a file name")
     try:
@@ -182,7 +192,7 @@ def check_output(path: str | Path, what: str, inputs: Iterable[str | Path] = (),
     """
     if str(path) in ("", "."):
         raise ArxtuneError(f"{what} is empty; give a file name")
-    path = Path(path)
+    path = _usable(path, what)
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):  # a folder on the way that is a file: said by check_writable_dir
@@ -207,6 +217,7 @@ def check_run_folder(out: str | Path, what: str) -> Path:
     """A folder that receives run directories: not empty, not itself a run, a directory where one can write."""
     if str(out) == "":
         raise ArxtuneError(f"{what} is empty; give a directory (default results/)")
+    _usable(out, what)
     if is_run_dir(out):
         raise ArxtuneError(f"{what} {out} is a run directory, not a folder of runs; choose its parent or another")
     return check_writable_dir(out, what)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from typing import Any, Callable, Iterable, TypeVar
 
 from arxtune.runtime.errors import FormatError
@@ -59,8 +60,13 @@ def check_depth(data: Any, source: str, limit: int = MAX_DEPTH) -> None:
             todo.extend((v, depth + 1) for v in value)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 30, 30, 30
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    """A short repr for messages (bounded depth and length whatever the value)."""
+    text = _REPR.repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -149,7 +149,10 @@ class Thresholds:
         return asdict(self)
 
     def save(self, path: str | Path) -> Path:
-        return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n", "thresholds file")
+        """Write the file, after checking that it reads back (a file the loader would refuse is never written)."""
+        data = self.to_dict()
+        from_dict(json.loads(json.dumps(data)), f"thresholds for {path}")
+        return write_text_atomic(path, json.dumps(data, indent=2) + "\n", "thresholds file")
 
     def to_csv(self) -> str:
         """NCCL-tuner-style lines: first match wins, -1 is a wildcard / no bound."""

@@ -95,8 +95,9 @@ def child_env() -> dict[str, str]:
 #: Rank lines the user sees as they come; errors are held back and said once at the end.
 ERROR_PREFIX = "arxtune: error: "
 RUN_PREFIX = "arxtune: run directory "
-#: The last line of a Python traceback: what actually went wrong in a rank.
+#: The last line of a Python traceback: what actually went wrong in a rank (torchrun may prefix "[rank0]: ").
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+_RANK_PREFIX = re.compile(r"^\[(default)?\d+\]:\s*|^\[rank\d+\]:\s*")
 #: How long torchrun gets to stop its ranks after an interrupt before it is killed.
 STOP_TIMEOUT_S = 30
 #: Each rank says this (and the launcher keeps it to itself) once its process group is up.
@@ -119,7 +120,7 @@ class LaunchResult:
     last_exception: str = ""  # the last traceback's final line, when no rank said an arxtune error
     log_path: str = ""
     joined: threading.Event = field(default_factory=threading.Event)  # a rank of this node joined the group
-    failed: threading.Event = field(default_factory=threading.Event)  # a rank said an error or died with a traceback
+    failed: threading.Event = field(default_factory=threading.Event)  # a rank said its error line: it is on its way out
 
 
 def _read_ranks_stderr(stream, log, result: LaunchResult) -> None:
@@ -142,9 +143,8 @@ def _read_ranks_stderr(stream, log, result: LaunchResult) -> None:
             if text not in shown:
                 shown.add(text)
                 print(text, file=sys.stderr, flush=True)
-        elif _EXCEPTION_LINE.match(text.strip()):
-            result.failed.set()
-            result.last_exception = text.strip()
+        elif _EXCEPTION_LINE.match(_RANK_PREFIX.sub("", text.strip())):
+            result.last_exception = _RANK_PREFIX.sub("", text.strip())
 
 
 def _descendants(pid: int) -> list[int]:
@@ -188,7 +188,7 @@ def _supervise(proc: subprocess.Popen, plan: LaunchPlan, result: LaunchResult) -
         if code == 0:
             return 0
         if plan.nnodes > 1:
-            result.errors.insert(0, f"the rendezvous at {plan.rdzv_endpoint} did not complete within {limit:.0f} s: not all "
+            result.errors.insert(0, f"the rendezvous at {plan.rdzv_endpoint} did not complete within timeout_s ({plan.timeout_s:g} s): not all "
                                     f"{plan.nnodes} nodes came (--nnodes); nothing was measured")
         elif not result.errors:
             result.errors.insert(0, f"the ranks of this node did not form a group within {limit:.0f} s; nothing was measured")
@@ -202,13 +202,17 @@ def _supervise(proc: subprocess.Popen, plan: LaunchPlan, result: LaunchResult) -
                 return proc.wait(timeout=STOP_TIMEOUT_S) or 1
 
 
+def torchrun_command(plan: LaunchPlan, arxtune_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), "-m", "arxtune", *arxtune_args]
+
+
 def run_under_torchrun(plan: LaunchPlan, arxtune_args: list[str]) -> LaunchResult:
     """Run `python -m arxtune ARGS` on every rank; stderr goes to a log, arxtune's own lines to the user.
 
     torchrun gets its own process group, so Ctrl-C reaches only this process, which forwards it
     once and waits (bounded) for torchrun to stop its ranks.
     """
-    command = [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), "-m", "arxtune", *arxtune_args]
+    command = torchrun_command(plan, arxtune_args)
     log = tempfile.NamedTemporaryFile("w", prefix="arxtune-sweep-", suffix=".log", delete=False)
     result = LaunchResult(code=0, log_path=log.name)
     proc = subprocess.Popen(command, env=child_env(), stderr=subprocess.PIPE, text=True, errors="replace", process_group=0)

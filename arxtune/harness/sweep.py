@@ -56,6 +56,12 @@ class Point:
         return (self.backend, self.op, self.dtype, self.view, self.size)
 
 
+def peer_timed_out(exc: BaseException) -> bool:
+    """Whether a collective failed because a peer did not answer in time (gloo's and NCCL's timeout errors)."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("timeout" in text or "timed out" in text)
+
+
 def new_run_id(world_size: int, device_type: str) -> str:
     """Time to the microsecond plus a random tag: two sweeps started together never pick the same id."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
@@ -206,6 +212,8 @@ class PointRunner:
                 check()
             local = ("ok", "")
         except Exception as exc:  # a backend failure becomes data, not a crash
+            if peer_timed_out(exc):
+                raise  # a rank that does not answer: the sweep ends now, not after another timeout agreeing on it
             local = ("error", f"{type(exc).__name__}: {exc}")
         return self._agree_outcome(point, nbytes, local)
 
@@ -316,14 +324,18 @@ def run(config: SweepConfig, run_id: str | None = None, resume: str | None = Non
     """Sweep under torchrun; returns the run directory (rank 0 writes it, all ranks return its path)."""
     ctx = distributed.init(config.timeout_s, config.backend_options)
     print(JOINED_LINE, file=sys.stderr, flush=True)  # the launcher's sign that the rendezvous is over
-    interrupted = False
+    finished = False
     try:
-        return _run(config, ctx, run_id, resume, progress)
-    except KeyboardInterrupt:
-        interrupted = True
+        path = _run(config, ctx, run_id, resume, progress)
+        finished = True
+        return path
+    except RuntimeError as exc:
+        if peer_timed_out(exc):
+            raise ArxtuneError(f"a rank did not answer within timeout_s ({config.timeout_s:g} s): {' '.join(str(exc).split())}") from None
         raise
     finally:
-        distributed.shutdown(together=not interrupted)
+        # Only a finished run leaves together: after an interrupt, an error or a silent peer, a barrier would wait out the timeout.
+        distributed.shutdown(together=finished)
 
 
 def _new_meta(config: SweepConfig, ctx: GroupContext, run_id: str, baseline: str, hosts: list[dict]) -> RunMeta:

@@ -24,7 +24,7 @@ from arxtune.harness.results import META_FILE, POINTS_FILE
 from helpers.runs import make_run
 
 EXAMPLE_S = 20.0
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "25")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 runner = CliRunner()
 
 

@@ -99,7 +99,8 @@ class SweepConfig:
         if not (0 < self.min_bytes <= self.max_bytes):
             raise ArxtuneError("min_bytes must be positive and not above max_bytes")
         if self.max_bytes > MAX_BYTES_LIMIT:
-            raise ArxtuneError(f"max_bytes {format_bytes(self.max_bytes)} is above {format_bytes(MAX_BYTES_LIMIT)}; no device holds that")
+            shown = format_bytes(self.max_bytes) if self.max_bytes < 1 << 60 else f"of {len(str(self.max_bytes))} digits"
+            raise ArxtuneError(f"max_bytes {shown} is above {format_bytes(MAX_BYTES_LIMIT)}; no device holds that")
         if not (math.isfinite(self.step_factor) and self.step_factor > 1):
             raise ArxtuneError("step_factor must be a number greater than 1, e.g. 2")
         sizes = math.log(self.max_bytes / self.min_bytes) / math.log(self.step_factor) + 1

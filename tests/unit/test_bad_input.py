@@ -69,6 +69,7 @@ def test_large_and_binary_files_are_refused(tmp_path):
     (b"[sweep]\nstep_factor = nan\n", "step_factor must be a number greater than 1"),
     (b"[sweep]\nstep_factor = 1.000001\n", "at most 200"),
     (b"[sweep]\nmax_bytes = '4096GiB'\n", "above 16GiB"),
+    (b"[sweep]\nmax_bytes = '" + b"9" * 400 + b"'\n", "max_bytes of 400 digits is above 16GiB"),
     (b"[sweep]\nbackend_options = 'arx'\n", "backend_options must be a table"),
     (b"[sweep]\nbackend_options = {arx = 3}\n", "backend_options.arx must be a table"),
     (b"[sweep]\nwarmup_iters = true\n", "warmup_iters must be a whole number"),

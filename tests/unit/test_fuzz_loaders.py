@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -24,7 +25,7 @@ from helpers.runs import make_run
 
 #: Longest one example may take: a loader that hangs or crawls on hostile input fails here.
 EXAMPLE_S = 5.0
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 HOSTILE_SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),

@@ -379,7 +379,7 @@ def e2e(
             for line in report_lines(load_result(run_dir)):
                 typer.echo(line)
             typer.echo(f"result: {run_dir / 'e2e.json'}\nplot:   {run_dir / 'e2e.png'}")
-    except ArxtuneError as exc:
+    except (ArxtuneError, OSError) as exc:
         _fail(exc)
 
 

@@ -140,10 +140,13 @@ def prompt_token_ids(cfg: E2EConfig, vocab_size: int) -> list[list[int]]:
 
 def _vocab_size(model: str) -> int:
     config = Path(model) / "config.json"
+    if not config.is_file():
+        return 1024
     try:
-        return int(json.loads(config.read_text()).get("vocab_size", 1024)) if config.is_file() else 1024
-    except (ValueError, OSError) as exc:
-        raise ArxtuneError(f"{config} is not a readable model config ({exc})") from None
+        data = schema.table(schema.parse_json(read_text(config, "model config"), str(config)), "the model config")
+        return schema.integer(data.get("vocab_size", 1024), "vocab_size", 1, 1 << 24)
+    except ArxtuneError as exc:
+        raise ArxtuneError(f"{config} is not a readable model config ({' '.join(str(exc).split())})") from None
 
 
 def engine_spec(cfg: E2EConfig) -> dict:

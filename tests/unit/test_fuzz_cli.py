@@ -24,6 +24,8 @@ from arxtune.harness.results import META_FILE, POINTS_FILE
 from helpers.runs import make_run
 
 EXAMPLE_S = 20.0
+#: Lines a command prints as it goes, before any error (e2e names each engine it starts).
+PROGRESS = ("e2e: ",)
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 runner = CliRunner()
 
@@ -66,7 +68,7 @@ def _check(result, before: dict[Path, bytes], after: dict[Path, bytes], outputs:
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
     if result.exit_code != 0:
-        lines = [line for line in result.output.splitlines() if line.strip()]
+        lines = [line for line in result.output.splitlines() if line.strip() and not line.startswith(PROGRESS)]
         assert len(lines) == 1 and lines[0].startswith("arxtune: error: "), result.output
         assert after == {p: b for p, b in before.items() if p in after} and set(before) <= set(after), "a failed command changed files"
     for path, data in before.items():
@@ -134,3 +136,42 @@ def test_sweep_arguments_before_launching(lab, monkeypatch, data):
     for plan in launched:  # what did reach the launcher is a plan torchrun can run
         plan.check()
         assert plan.resolved_nproc() >= 1
+
+
+E2E_OPTIONS = ["--thresholds", "--force", "--model", "--tp", "--dtype", "--max-model-len", "--prompts", "--prompt-tokens",
+               "--decode-tokens", "--rounds", "--repeats", "--out", "--run-id", "--timeout-s", "--nnodes", "--node-rank", "--master-port"]
+
+
+@FUZZ
+@given(data=st.data())
+def test_e2e_arguments_before_any_engine(lab, monkeypatch, data):
+    """No engine starts here (no vLLM): everything e2e checks before its first engine is what is fuzzed."""
+    from arxtune.harness import e2e
+
+    def no_engine(*_):
+        raise e2e.ArxtuneError("no engine in this test")
+
+    monkeypatch.setattr(e2e, "run_engine", no_engine)
+    monkeypatch.setenv("ARXTUNE_THRESHOLDS", str(lab / "a" / "thresholds.json"))
+    paths = _paths(lab)
+    args = ["e2e", "--out", str(lab / "e2e-out")]
+    for option in data.draw(st.lists(st.sampled_from(E2E_OPTIONS), min_size=1, max_size=3, unique=True)):
+        args += [option, data.draw(st.one_of(paths, VALUES))]
+    if data.draw(st.booleans()):
+        args.append("--no-thresholds")
+    _invoke(lab, args, set())
+
+
+@FUZZ
+@given(variable=st.sampled_from(["ARXTUNE_FINGERPRINT", "ARXTUNE_EXTRA_BACKENDS", "ARXTUNE_NCCL_LOOP", "ARXTUNE_ARXG_NATIVE",
+                                 "ARXTUNE_RDMA_MAX_BYTES", "ARXTUNE_RDMA_PORT", "ARXTUNE_DEVICE"]), value=VALUES)
+def test_doctor_and_show_under_any_environment(lab, monkeypatch, variable, value):
+    if "\x00" in value:
+        value = value.replace("\x00", "")  # no environment variable holds a NUL
+    monkeypatch.setenv(variable, value)
+    if variable == "ARXTUNE_EXTRA_BACKENDS":  # read at import; what the import would have found
+        from arxtune.runtime import backends
+
+        monkeypatch.setattr(backends, "EXTRA_PROBLEMS", backends.parse_extra(value)[1])
+    _invoke(lab, ["doctor"], set())
+    _invoke(lab, ["show", str(lab / "a" / "thresholds.json")], set())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import reprlib
 from typing import Any, Callable, Iterable, TypeVar
 
 from arxtune.runtime.errors import FormatError
@@ -60,13 +59,13 @@ def check_depth(data: Any, source: str, limit: int = MAX_DEPTH) -> None:
             todo.extend((v, depth + 1) for v in value)
 
 
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 30, 30, 30
-
-
 def _show(value: Any) -> str:
-    """A short repr for messages (bounded depth and length whatever the value)."""
-    text = _REPR.repr(value)
+    """A short repr for messages, bounded whatever the value (a list 5000 deep, an integer of 5000 digits)."""
+    if isinstance(value, (list, dict)):
+        return f"{'a list' if isinstance(value, list) else 'an object'} of {len(value)}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value[:40] if isinstance(value, str) else value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

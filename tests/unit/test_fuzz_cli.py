@@ -46,6 +46,13 @@ def lab(tmp_path_factory):
     return root
 
 
+@pytest.fixture(autouse=True)
+def _inside_the_lab(lab, monkeypatch):
+    """Relative paths the fuzzer makes up ('abc', '../x') land inside the lab, never in the checkout or beside it."""
+    (lab / "cwd").mkdir(exist_ok=True)
+    monkeypatch.chdir(lab / "cwd")
+
+
 def _snapshot(root: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
 

@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 # The default sweep without the isolated view, which would double it on a CPU machine.
 run: venv
-	$(BIN)/arxtune sweep --modes eager,graph
+	$(BIN)/arxtune sweep --views eager,graph
 
 # The tiers `make test` runs, cheapest first; each prints its wall time. tests/rdma's device tests
 # (marked rdma) wait for `make test-rdma`; its fake-fabric tests run here.

@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 
 from arxtune.runtime.errors import ArxtuneError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+class _OneLineErrors(typer.core.TyperGroup):
+    """A flag typer cannot parse (`--margin abc`, an unknown option) is one line too, like every other error."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        from typer import _click  # the click typer ships with; its exceptions are what parsing raises
+
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()
+            code = exc.exit_code
+        except _click.exceptions.ClickException as exc:
+            typer.echo(f"arxtune: error: {' '.join(exc.format_message().split())} (see --help)", err=True)
+            code = exc.exit_code
+        except typer.Abort:
+            typer.echo("arxtune: error: aborted", err=True)
+            code = 1
+        if standalone_mode:
+            sys.exit(code or 0)
+        return code
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure collective backends, calibrate crossovers, and dispatch per call.")
 
 
@@ -75,6 +99,24 @@ def _unfinished(run_path: str) -> bool:
         return bool(run_path)  # on another node, or damaged: still the directory to look at
 
 
+def _check_runnable(cfg) -> None:
+    """Refuse, before any rank starts, a sweep of which every backend or every view cannot run on this machine."""
+    from arxtune.harness.doctor import backend_reasons
+    from arxtune.runtime.timing import has_timer
+    from arxtune.harness.launch import local_device_type
+
+    import torch
+
+    reasons = backend_reasons()
+    if all(reasons.get(name) for name in cfg.backends):
+        why = "; ".join(f"{name}: {reasons[name]}" for name in cfg.backends)
+        raise ArxtuneError(f"none of the backends asked for can run on this machine ({why}); `arxtune doctor` lists what can")
+    device = torch.device(local_device_type())
+    if not any(has_timer(device, view) for view in cfg.views):
+        raise ArxtuneError(f"none of the views asked for ({', '.join(cfg.views)}) can be timed with {device.type} tensors "
+                           f"(graph needs CUDA); use --views eager,isolated")
+
+
 def _launch_failure(result) -> str:
     """The one line the parent prints when torchrun did not finish cleanly."""
     resume = f"finished points are kept: continue with `arxtune sweep --resume {result.run_path}`" if _unfinished(result.run_path) else ""
@@ -93,7 +135,8 @@ def sweep(
     backends: Optional[str] = typer.Option(None, help="Comma list of backends, e.g. gloo,arx,arx2."),
     ops: Optional[str] = typer.Option(None, help="Comma list: all_reduce,all_gather,reduce_scatter."),
     dtypes: Optional[str] = typer.Option(None, help="Comma list: float32,bfloat16,float16,int32."),
-    modes: Optional[str] = typer.Option(None, help="Comma list: eager,graph (graph needs CUDA)."),
+    views: Optional[str] = typer.Option(None, help="Comma list of timing views: eager,isolated,graph (graph needs CUDA)."),
+    modes: Optional[str] = typer.Option(None, hidden=True, help="Old name of --views."),
     min_bytes: Optional[str] = typer.Option(None, help="Smallest size, e.g. 1KiB."),
     max_bytes: Optional[str] = typer.Option(None, help="Largest size, e.g. 16MiB."),
     step_factor: Optional[float] = typer.Option(None, help="Ratio between sizes on the grid."),
@@ -117,24 +160,31 @@ def sweep(
 
       torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 -m arxtune sweep -c configs/sweep/gb10-2node.toml
     """
-    from arxtune.runtime import backends as backend_registry, distributed
+    from arxtune.runtime import backends as backend_registry, distributed, env
     from arxtune.harness import launch, sweep as sweep_mod
     from arxtune.harness.config import SweepConfig, load_config
-    from arxtune.runtime.fileio import check_writable_dir
+    from arxtune.runtime.fileio import check_name, check_run_folder
 
     try:
         backend_registry.check_extra()
+        if env.problems():
+            raise ArxtuneError("; ".join(env.problems()))
         base = load_config(config) if config else SweepConfig()
-        overrides = dict(backends=backends, ops=ops, dtypes=dtypes, modes=modes, min_bytes=min_bytes,
+        if views is not None and modes is not None:
+            raise ArxtuneError("--modes is the old name of --views; give only --views")
+        overrides = dict(backends=backends, ops=ops, dtypes=dtypes, views=views if views is not None else modes, min_bytes=min_bytes,
                          max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s, out=out)
         cfg = base.with_overrides(**overrides)
+        if run_id is not None:
+            check_name(run_id, "--run-id")
         if not distributed.under_torchrun():
+            plan = launch.LaunchPlan(nproc_per_node, nnodes, node_rank, rdzv_endpoint, timeout_s=cfg.timeout_s)
+            plan.torchrun_args()  # validate before starting anything
             if resume:
                 _check_resume(resume, config, run_id, overrides)  # before any rank starts
             else:
-                check_writable_dir(cfg.out, "--out directory")
-            plan = launch.LaunchPlan(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
-            plan.torchrun_args()  # validate before starting anything
+                check_run_folder(cfg.out, "--out directory")
+                _check_runnable(cfg)
             result = launch.run_under_torchrun(plan, sys.argv[1:])
             if result.code or result.interrupted:
                 _fail(ArxtuneError(_launch_failure(result)), 130 if result.interrupted else 2)
@@ -153,7 +203,7 @@ def sweep(
 
 @app.command()
 def calibrate(
-    runs: list[Path] = typer.Argument(..., help="Run directories under results/ (several world sizes and modes merge into one file)."),
+    runs: list[Path] = typer.Argument(..., help="Run directories under results/ (several world sizes and views merge into one file)."),
     out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json for one run; needed for several)."),
     baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the runs')."),
     margin: float = typer.Option(0.05, help="Fraction by which a backend must beat the baseline's median."),
@@ -184,7 +234,9 @@ def calibrate(
     from arxtune.harness.report import thresholds_table
     from arxtune.harness.results import load_run
 
-    from arxtune.runtime.fileio import check_writable_file
+    from arxtune.runtime.fileio import check_output
+    from arxtune.runtime.nccl_tuner import is_tuner_file
+    from arxtune.runtime.thresholds import is_thresholds_file
 
     try:
         if export not in (None, "csv", "table", "nccl-tuner"):
@@ -194,16 +246,20 @@ def calibrate(
         if export == "nccl-tuner" and tuner_out is None and out is None and len(runs) > 1:
             raise ArxtuneError("say where the NCCL tuner file goes with --tuner-out FILE")
         loaded = [load_run(run) for run in runs]
-        target = check_writable_file(out or loaded[0].path / "thresholds.json", "--out") if out is not None or len(loaded) == 1 else None
+        inputs = [run.path for run in loaded]
+        # Every file this command writes is checked before the first is written.
+        target = (check_output(out if out is not None else loaded[0].path / "thresholds.json", "--out", inputs, is_thresholds_file)
+                  if out is not None or len(loaded) == 1 else None)
+        installed = check_output(default_thresholds_path(), "install target", inputs, is_thresholds_file) if install else None
         tuner_target = None
         if export == "nccl-tuner":
-            tuner_target = check_writable_file(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out")
+            tuner_target = check_output(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out", inputs, is_tuner_file)
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
         thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
         if target is not None:
             typer.echo(f"thresholds: {thresholds.save(target)} ({describe_views(thresholds)})")
         if install:
-            typer.echo(f"installed:  {thresholds.save(default_thresholds_path())}")
+            typer.echo(f"installed:  {thresholds.save(installed)}")
         if tuner_target is not None:
             _write_tuner_file(thresholds, tuner_target, tuner_mode, tuner_dtype)
         if export == "csv":
@@ -255,12 +311,13 @@ def nccl_tuner_export(
 
     Example: arxtune nccl-tuner export results/RUN/thresholds.json --out nccl-tuner.csv
     """
-    from arxtune.runtime.fileio import check_writable_file
+    from arxtune.runtime.fileio import check_output
+    from arxtune.runtime.nccl_tuner import is_tuner_file
     from arxtune.runtime.thresholds import load
 
     try:
         loaded = load(thresholds)
-        _write_tuner_file(loaded, check_writable_file(out, "--out"), mode, dtype)
+        _write_tuner_file(loaded, check_output(out, "--out", [thresholds], is_tuner_file), mode, dtype)
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
 
@@ -284,6 +341,8 @@ def compare(
     from arxtune.harness.results import load_run
 
     try:
+        if not (math.isfinite(min_agreement) and 0 <= min_agreement <= 1):
+            raise ArxtuneError(f"--min-agreement must be a fraction from 0 to 1 (e.g. 0.95), not {min_agreement}")
         comparison = compare_runs(load_run(run_a), load_run(run_b), baseline=baseline, margin=margin, tolerance=tolerance)
     except ArxtuneError as exc:
         _fail(exc)
@@ -300,7 +359,8 @@ def plot(
     run: Path = typer.Argument(..., help="Run directory under results/."),
     thresholds: Optional[Path] = typer.Option(None, help="Thresholds file for the bands (default RUN/thresholds.json if present)."),
     out: Optional[Path] = typer.Option(None, help="Image to write: .png (default RUN/plot.png), .svg or .pdf."),
-    mode: Optional[str] = typer.Option(None, help="Only this timing mode (eager or graph)."),
+    view: Optional[str] = typer.Option(None, help="Only this timing view (eager, isolated or graph)."),
+    mode: Optional[str] = typer.Option(None, hidden=True, help="Old name of --view."),
 ) -> None:
     """Draw latency and bus bandwidth against size, with the chosen backend per range.
 
@@ -311,10 +371,12 @@ def plot(
     from arxtune.runtime.thresholds import load
 
     try:
+        if view is not None and mode is not None:
+            raise ArxtuneError("--mode is the old name of --view; give only --view")
         loaded = load_run(run)
         default = loaded.path / "thresholds.json"
         table = load(thresholds) if thresholds else (load(default) if default.exists() else None)
-        typer.echo(f"plot: {plot_run(loaded, table, out, mode)}")
+        typer.echo(f"plot: {plot_run(loaded, table, out, view if view is not None else mode, (thresholds,) if thresholds else ())}")
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
 
@@ -382,17 +444,25 @@ def e2e(
             for line in report_lines(load_result(run_dir)):
                 typer.echo(line)
             typer.echo(f"result: {run_dir / 'e2e.json'}\nplot:   {run_dir / 'e2e.png'}")
-    except ArxtuneError as exc:
+    except (ArxtuneError, OSError) as exc:
         _fail(exc)
 
 
 @app.command()
 def doctor() -> None:
     """List RDMA devices, GIDs, limits and GPUs, and which backends can run here."""
+    from arxtune.runtime import backends as backend_registry, env
+
     try:
         from arxtune.harness.doctor import doctor as run_doctor, format_report
     except ImportError as exc:
         _fail(ArxtuneError(f"doctor is unavailable: {exc}"))
+    try:
+        backend_registry.check_extra()
+        if env.problems():
+            raise ArxtuneError("; ".join(env.problems()))
+    except ArxtuneError as exc:
+        _fail(exc)
     typer.echo(format_report(run_doctor()))
 
 

@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from arxtune.harness.timing import GRAPH_OPS_PER_SAMPLE  # noqa: E402
+from arxtune.runtime.timing import GRAPH_OPS_PER_SAMPLE  # noqa: E402
 
 TARGET_SIZES = (8 << 10, 1 << 20, 64 << 20)
 TOLERANCE = 0.05
@@ -113,7 +113,7 @@ def run_arxtune(args, run_id: str) -> dict[tuple[str, int], float]:
     """{(mode, bytes): median us} of one `arxtune sweep` of the nccl backend."""
     dtype = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float": "float32", "float32": "float32", "half": "float16", "float16": "float16"}[args.dtype]
     command = [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl", "--ops", "all_reduce", "--dtypes", dtype,
-               "--modes", "eager,isolated,graph", "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--step-factor", "2",
+               "--views", "eager,isolated,graph", "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--step-factor", "2",
                "--nproc-per-node", str(args.gpus), "--out", args.out, "--run-id", run_id, "--no-progress"]
     print("arxtune:   ", " ".join(command), flush=True)
     subprocess.run(command, check=True, timeout=900, stdout=subprocess.DEVNULL)
@@ -121,7 +121,7 @@ def run_arxtune(args, run_id: str) -> dict[tuple[str, int], float]:
 
     frame = load_run(Path(args.out) / run_id).frame()
     ok = frame[frame.status == "ok"]
-    return {(row.mode, int(row.nbytes)): float(row.median_us) for row in ok.itertuples()}
+    return {(row.view, int(row.nbytes)): float(row.median_us) for row in ok.itertuples()}
 
 
 @dataclass

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from arx_graph import time_eager  # noqa: E402
 
-from arxtune.harness.timing import CudaBackToBackTimer  # noqa: E402
+from arxtune.runtime.timing import CudaBackToBackTimer  # noqa: E402
 
 SIZES = (8 << 10, 128 << 10, 1 << 20, 64 << 20)
 SPAN = 64 << 20  # bytes the rotating buffers may span, as a sweep up to 64 MiB

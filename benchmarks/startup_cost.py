@@ -47,7 +47,7 @@ dist.init_process_group("gloo", rank=0, world_size=1)
 t2 = time.perf_counter()
 comm = communicator.Communicator.from_env(sys.argv[1])
 t3 = time.perf_counter()
-harness = sorted(m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.timing", "arxtune.sweep",
+harness = sorted(m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.stats", "arxtune.sweep",
                               "arxtune.results", "arxtune.timing", "pandas", "matplotlib") if m in sys.modules)
 comm.close()
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "construct_ms": (t3 - t2) * 1e3, "harness": harness}), flush=True)

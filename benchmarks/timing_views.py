@@ -18,7 +18,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from arxtune.harness.timing import CudaBackToBackTimer, CudaGraphTimer
+from arxtune.runtime.timing import CudaBackToBackTimer, CudaGraphTimer
 
 SIZES = (8 << 10, 1 << 20, 64 << 20)
 SAMPLES = 30

@@ -8,7 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
+# The fuzzers (tests/unit/test_fuzz_*.py) bound their own example counts; CI replays the same examples every run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+from arxtune.runtime import backends
 from helpers.runs import make_run
 
 TESTS = Path(__file__).parent
@@ -25,6 +32,22 @@ def pytest_terminal_summary(terminalreporter):
     tiers = sorted({p.resolve().relative_to(TESTS).parts[0] for p in paths
                     if p.suffix == ".py" and p.resolve().is_relative_to(TESTS) and len(p.resolve().relative_to(TESTS).parts) > 1})
     terminalreporter.write_line(f"arxtune tier {'+'.join(tiers) or 'none'}: {time.monotonic() - _started:.1f} s wall")
+
+
+#: The backends synthetic runs and hand-made files name, registered as a site would (ARXTUNE_EXTRA_BACKENDS),
+#: since a thresholds file may name only backends the process knows.
+TEST_BACKENDS = ("fast", "faster", "quick", "x", "y", "graphy", "counting", "capcounting", "limited", "smallonly", "offbyone", "dies",
+                 "laterwrong")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _test_backends():
+    added = [name for name in TEST_BACKENDS if name not in backends.REGISTRY]
+    for name in added:
+        backends.register(name, "helpers.backends:CountingGloo")
+    yield
+    for name in added:
+        backends.REGISTRY.pop(name, None)
 
 
 @pytest.fixture

@@ -24,7 +24,8 @@ from arxtune import __version__
 from arxtune.harness.decision import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
-from arxtune.runtime.thresholds import MODES, BackendSetup, ranges_from_points, Fingerprint, Model, Range, SourceRun, merge_adjacent, Table, Thresholds
+from arxtune.runtime.thresholds import (MAX_MARGIN, MODES, BackendSetup, Fingerprint, Model, Range, SourceRun, Table, Thresholds,
+                                         merge_adjacent, ranges_from_points)
 
 DEFAULT_MARGIN = 0.05
 #: How far beyond the measured grid the models extend the table, in grid steps.
@@ -147,8 +148,8 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
     runs = [runs] if isinstance(runs, Run) else list(runs)
     if not runs:
         raise ArxtuneError("no runs to calibrate from")
-    if not (math.isfinite(margin) and margin >= 0):
-        raise ArxtuneError(f"--margin must be a number not below 0 (a fraction such as 0.05), not {margin}")
+    if not (math.isfinite(margin) and 0 <= margin <= MAX_MARGIN):
+        raise ArxtuneError(f"--margin must be a number from 0 to {MAX_MARGIN:g} (a fraction such as 0.05), not {margin}")
     if len({r.meta.run_id for r in runs}) < len(runs):
         raise ArxtuneError("the same run is given twice")
     preferred = _pick_run(prefer, runs)
@@ -189,11 +190,11 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         frame = r.frame()
         ok = frame[frame.status == "ok"]
         for mode, candidates in views.items():
-            view = next((v for v in candidates if (ok["mode"] == v).any()), None)
+            view = next((v for v in candidates if (ok["view"] == v).any()), None)
             if view is None:
                 continue
             used_views.setdefault(r.meta.run_id, {})[mode] = view
-            tables, run_models = _op_tables(r, ok[ok["mode"] == view], mode, view, baseline, margin)
+            tables, run_models = _op_tables(r, ok[ok["view"] == view], mode, view, baseline, margin)
             models += [(r.meta.run_id, m) for m in run_models]
             for t in tables:
                 if t.key in chosen and _choose(f"both measure {t.op}/{t.dtype} at world size {t.world_size} for {t.mode}",

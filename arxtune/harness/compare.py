@@ -1,6 +1,6 @@
 """Do two runs of the same grid make the same choices? (`arxtune compare RUN_A RUN_B`)
 
-Per point (op, dtype, mode, size measured in both runs) each run's choice
+Per point (op, dtype, view, size measured in both runs) each run's choice
 comes from the measured decision rule (decision.py). The two agree when they
 choose the same backend, or backends whose pooled medians (both runs'
 samples together) are within `tolerance` of each other: either choice would
@@ -10,6 +10,7 @@ other run's medians: its time there over the fastest backend's, minus one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,14 +21,16 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 
 DEFAULT_TOLERANCE = 0.05
-KEYS = ["op", "dtype", "mode", "nbytes"]
+#: Largest margin or tolerance: a backend 100 times slower still "within tolerance" is no comparison.
+MAX_FRACTION = 100.0
+KEYS = ["op", "dtype", "view", "nbytes"]
 
 
 @dataclass(frozen=True)
 class PointComparison:
     op: str
     dtype: str
-    mode: str
+    view: str
     nbytes: int
     choice_a: str
     choice_b: str
@@ -63,21 +66,21 @@ class Comparison:
 
 def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, str]:
     choices = {}
-    for (op, dtype, mode), group in frame.groupby(["op", "dtype", "mode"], sort=False):
+    for (op, dtype, view), group in frame.groupby(["op", "dtype", "view"], sort=False):
         for nbytes, backend in measured_winners(group, baseline, margin):
-            choices[(op, dtype, mode, nbytes)] = backend
+            choices[(op, dtype, view, nbytes)] = backend
     return choices
 
 
 def _medians(frame: pd.DataFrame) -> dict[tuple, float]:
-    return {(r.op, r.dtype, r.mode, r.nbytes, r.backend): r.median_us for r in frame.itertuples()}
+    return {(r.op, r.dtype, r.view, r.nbytes, r.backend): r.median_us for r in frame.itertuples()}
 
 
 def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
     samples: dict[tuple, list[float]] = {}
     for record in a.records + b.records:
         if record.status == "ok":
-            samples.setdefault((record.op, record.dtype, record.mode, record.nbytes, record.backend), []).extend(record.samples_us)
+            samples.setdefault((record.op, record.dtype, record.view, record.nbytes, record.backend), []).extend(record.samples_us)
     return {key: float(np.median(values)) for key, values in samples.items()}
 
 
@@ -88,6 +91,15 @@ def _regret(choice: str, point: tuple, medians: dict[tuple, float]) -> float:
 
 def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.05,
                  tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
+    for name, value in (("--margin", margin), ("--tolerance", tolerance)):
+        if not (math.isfinite(value) and 0 <= value <= MAX_FRACTION):
+            raise ArxtuneError(f"{name} must be a number from 0 to {MAX_FRACTION:g} (a fraction such as 0.05), not {value}")
+    if a.path.resolve() == b.path.resolve() or a.meta.run_id == b.meta.run_id:
+        raise ArxtuneError(f"both runs are run {a.meta.run_id}; a run agrees with itself: compare two runs of the same grid")
+    if baseline is not None:
+        measured = {r.backend for r in a.records} & {r.backend for r in b.records}
+        if baseline not in measured:
+            raise ArxtuneError(f"--baseline {baseline!r} was not measured in both runs (both have: {', '.join(sorted(measured)) or 'none'})")
     if baseline is None:
         if a.meta.baseline != b.meta.baseline:
             raise ArxtuneError(f"the runs have different baselines ({a.meta.baseline}, {b.meta.baseline}); pass --baseline")

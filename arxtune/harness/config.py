@@ -11,13 +11,38 @@ from arxtune.runtime.backends import OPS, names as backend_names, problem as bac
 from arxtune.runtime.ops import DTYPES
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.units import format_bytes, parse_bytes
-from arxtune.runtime.fileio import read_text
+from arxtune.runtime import schema
+from arxtune.runtime.fileio import check_exists, read_text
 
-MODES = ("eager", "isolated", "graph")
+#: Timing views (timing.py); "mode" is the runtime's word (thresholds.MODES), not the sweep's.
+VIEWS = ("eager", "isolated", "graph")
 #: Largest size a sweep may ask for: input and output of a rank must both fit on one device.
 MAX_BYTES_LIMIT = 16 << 30
 #: Most sizes on one grid; a step factor barely above 1 would otherwise ask for millions.
 MAX_GRID_SIZES = 200
+#: Bounds that keep one sweep finite: rounds and samples per point, and any one wait or budget.
+MAX_ROUNDS = 1000
+MAX_ITERS = 10_000_000
+MAX_SECONDS = 24 * 3600.0
+
+
+def _rdma_options(options: dict) -> None:
+    from arxtune.runtime.rdma.config import RdmaConfig
+
+    RdmaConfig.resolve({k: v for k, v in options.items() if k != "transport"}, env={})  # arxg's transport is its own
+
+
+def _max_bytes_only(options: dict) -> None:
+    unknown = sorted(set(options) - {"max_bytes"})
+    if unknown:
+        raise ArxtuneError(f"unknown option {unknown[0]!r}; known: max_bytes")
+    if "max_bytes" in options:
+        parse_bytes(options["max_bytes"])
+
+
+#: Backend -> the check of its options, so a bad option is refused before launching even where the backend cannot run.
+OPTION_CHECKS = {"arx": _rdma_options, "arx2": _rdma_options, "arxg": _rdma_options,
+                 "symm_mem": _max_bytes_only, "symm_mem2": _max_bytes_only}
 
 
 @dataclass(frozen=True)
@@ -37,7 +62,7 @@ class SweepConfig:
     """Largest size, inclusive."""
     step_factor: float = 2.0
     """Ratio between consecutive sizes on the geometric grid."""
-    modes: tuple[str, ...] = ("eager", "isolated", "graph")
+    views: tuple[str, ...] = ("eager", "isolated", "graph")
     """Timing views (timing.py): eager (back-to-back calls), isolated (one call, host cost included;
     on CPU, one call right after the barrier) and graph (CUDA graphs, capturable backends only)."""
     warmup_iters: int = 5
@@ -70,31 +95,46 @@ class SweepConfig:
         bad_dtypes = [d for d in self.dtypes if d not in DTYPES]
         if bad_dtypes:
             raise ArxtuneError(f"unknown dtype(s) {', '.join(bad_dtypes)}; known: {', '.join(DTYPES)}")
-        bad_modes = [m for m in self.modes if m not in MODES]
-        if bad_modes:
-            raise ArxtuneError(f"unknown mode(s) {', '.join(bad_modes)}; known: {', '.join(MODES)}")
+        bad_views = [v for v in self.views if v not in VIEWS]
+        if bad_views:
+            raise ArxtuneError(f"unknown view(s) {', '.join(bad_views)}; known: {', '.join(VIEWS)}")
         if not (0 < self.min_bytes <= self.max_bytes):
             raise ArxtuneError("min_bytes must be positive and not above max_bytes")
         if self.max_bytes > MAX_BYTES_LIMIT:
-            raise ArxtuneError(f"max_bytes {format_bytes(self.max_bytes)} is above {format_bytes(MAX_BYTES_LIMIT)}; no device holds that")
+            shown = format_bytes(self.max_bytes) if self.max_bytes < 1 << 60 else f"of {len(str(self.max_bytes))} digits"
+            raise ArxtuneError(f"max_bytes {shown} is above {format_bytes(MAX_BYTES_LIMIT)}; no device holds that")
         if not (math.isfinite(self.step_factor) and self.step_factor > 1):
             raise ArxtuneError("step_factor must be a number greater than 1, e.g. 2")
         sizes = math.log(self.max_bytes / self.min_bytes) / math.log(self.step_factor) + 1
         if sizes > MAX_GRID_SIZES:
             raise ArxtuneError(f"step_factor {self.step_factor} gives {sizes:.0f} sizes (at most {MAX_GRID_SIZES}); use a larger step_factor")
-        if self.rounds < 1:
-            raise ArxtuneError("rounds must be at least 1 (5 or more gives intervals from the spread across rounds)")
-        if not (1 <= self.min_iters <= self.max_iters):
-            raise ArxtuneError("need 1 <= min_iters <= max_iters")
-        if not all(math.isfinite(v) and v > 0 for v in (self.point_budget_s, self.timeout_s)) or self.warmup_iters < 0:
-            raise ArxtuneError("point_budget_s and timeout_s must be positive numbers, warmup_iters not negative")
-        if not (self.backends and self.ops and self.dtypes and self.modes):
-            raise ArxtuneError("backends, ops, dtypes and modes must each name at least one entry")
+        if not 1 <= self.rounds <= MAX_ROUNDS:
+            raise ArxtuneError(f"rounds must be between 1 and {MAX_ROUNDS} (5 or more gives intervals from the spread across rounds)")
+        if not (1 <= self.min_iters <= self.max_iters <= MAX_ITERS):
+            raise ArxtuneError(f"need 1 <= min_iters <= max_iters <= {MAX_ITERS}")
+        if not all(math.isfinite(v) and v > 0 for v in (self.point_budget_s, self.timeout_s)) or not 0 <= self.warmup_iters <= MAX_ITERS:
+            raise ArxtuneError(f"point_budget_s and timeout_s must be positive numbers, warmup_iters from 0 to {MAX_ITERS}")
+        if self.point_budget_s > MAX_SECONDS or self.timeout_s > MAX_SECONDS:
+            raise ArxtuneError(f"point_budget_s and timeout_s must be at most {MAX_SECONDS:.0f} s")
+        if not self.out:
+            raise ArxtuneError("out is empty; give a directory (default results/)")
+        if not (self.backends and self.ops and self.dtypes and self.views):
+            raise ArxtuneError("backends, ops, dtypes and views must each name at least one entry")
         if self.baseline is not None and (why := backend_problem(self.baseline)):
             raise ArxtuneError(f"unknown baseline {self.baseline!r} ({why})")
         bad_options = [k for k, v in self.backend_options.items() if not isinstance(v, dict)]
         if bad_options:
             raise ArxtuneError(f"backend_options.{bad_options[0]} must be a table, e.g. {{arx = {{devices = [\"rxe0\"]}}}}")
+        unknown_options = [k for k in self.backend_options if k not in backend_names()]
+        if unknown_options:
+            raise ArxtuneError(f"backend_options.{unknown_options[0]}: unknown backend; known: {', '.join(backend_names())}")
+        for name, options in self.backend_options.items():
+            check = OPTION_CHECKS.get(name)
+            if check:
+                try:
+                    check(options)
+                except (ArxtuneError, TypeError, ValueError, OverflowError) as exc:
+                    raise ArxtuneError(f"backend_options.{name}: {' '.join(str(exc).split())}") from None
         self.timed_backends()
 
     def timed_backends(self) -> tuple[str, ...]:
@@ -112,7 +152,9 @@ class SweepConfig:
         return asdict(self)
 
 
-_LIST_FIELDS = {"backends", "ops", "dtypes", "modes"}
+_LIST_FIELDS = {"backends", "ops", "dtypes", "views"}
+#: Keys of earlier versions, still read: old key -> its name now.
+_OLD_KEYS = {"modes": "views"}
 _SIZE_FIELDS = {"min_bytes", "max_bytes"}
 #: field -> (accepted Python types, what to write instead); lists and sizes are handled above these.
 _TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, float), "a number"),
@@ -142,6 +184,15 @@ def _coerce(key: str, value):
 def from_mapping(data: dict) -> SweepConfig:
     if not isinstance(data, dict):
         raise ArxtuneError("bad config: the sweep settings must be a table")
+    schema.check_depth(data, "config")
+    unnamed = [k for k in data.get("backend_options", {}) if not isinstance(k, str) or not k.isidentifier()] if isinstance(data.get("backend_options"), dict) else []
+    if unnamed:
+        raise ArxtuneError(f"backend_options.{unnamed[0]!r} is not a backend name")
+    for old, new in _OLD_KEYS.items():
+        if old in data:
+            if new in data:
+                raise ArxtuneError(f"config key {old} is the old name of {new}; give only {new}")
+            data = {(new if key == old else key): value for key, value in data.items()}
     known = {f.name for f in fields(SweepConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -151,13 +202,13 @@ def from_mapping(data: dict) -> SweepConfig:
 
 def load_config(path: str | Path) -> SweepConfig:
     """Read a TOML sweep config; its [sweep] table (or top level) holds SweepConfig fields."""
-    path = Path(path)
-    if not path.exists():
-        raise ArxtuneError(f"config {path} not found; see configs/sweep/ for examples")
+    path = check_exists(path, "config", "; see configs/sweep/ for examples")
     try:
         data = tomllib.loads(read_text(path, "config"))
     except tomllib.TOMLDecodeError as exc:
-        raise ArxtuneError(f"config {path} is not valid TOML ({exc}); fix the file") from None
+        raise ArxtuneError(f"config {path} is not valid TOML ({' '.join(str(exc).split())}); fix the file") from None
+    except (ValueError, RecursionError) as exc:  # numbers of too many digits, nesting past the stack
+        raise ArxtuneError(f"config {path} is not a sweep config ({type(exc).__name__}); fix the file") from None
     try:
         return from_mapping(data.get("sweep", data))
     except ArxtuneError as exc:

@@ -89,7 +89,7 @@ def bridged(choices: list[str], baseline: str, faster: list[set[str]], min_run: 
 
 
 def measured_winners(frame: pd.DataFrame, baseline: str, margin: float, min_run: int = MIN_RUN) -> list[tuple[int, str]]:
-    """(nbytes, backend) per measured size, ascending, for one (op, dtype, mode).
+    """(nbytes, backend) per measured size, ascending, for one (op, dtype, view).
 
     `frame` holds that slice's correct points with their summaries (Run.frame()).
     """

@@ -98,10 +98,15 @@ def arx_reason(cfg: RdmaConfig | None = None) -> str | None:
     return None
 
 
-def _backend_rows(cfg: RdmaConfig) -> list[tuple[str, str]]:
-    from arxtune.runtime.backends import names
-
+def backend_reasons(cfg: RdmaConfig | None = None) -> dict[str, str | None]:
+    """Why each built-in backend cannot run here (None: it can); backends not named are not checked without torchrun."""
     import torch.distributed as dist
+
+    if cfg is None:
+        try:
+            cfg = RdmaConfig.resolve()
+        except Exception:  # a bad arx setting is arx's reason, said by arx_reason
+            cfg = None
 
     reasons: dict[str, str | None] = {
         "gloo": None if dist.is_available() and dist.is_gloo_available() else "this torch build has no gloo",
@@ -118,6 +123,13 @@ def _backend_rows(cfg: RdmaConfig) -> list[tuple[str, str]]:
     reasons["vllm_cpu"] = no_vllm
     for name in ("vllm_pynccl", "vllm_custom_ar", "vllm_symm_mem"):
         reasons[name] = no_vllm or no_cuda
+    return reasons
+
+
+def _backend_rows(cfg: RdmaConfig) -> list[tuple[str, str]]:
+    from arxtune.runtime.backends import names
+
+    reasons = backend_reasons(cfg)
     rows = []
     for name in names():
         if name not in reasons:

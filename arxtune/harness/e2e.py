@@ -18,6 +18,7 @@ Result format history:
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import signal
@@ -28,7 +29,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime import schema
+from arxtune.runtime.errors import ArxtuneError, FormatError
+from arxtune.runtime.fileio import check_name, check_run_folder, read_text, write_text_atomic
+from arxtune.runtime.schema import MAX_COUNT
 from arxtune.harness.stats import summarize
 from arxtune.runtime.thresholds import Range, Table, Thresholds
 from arxtune.runtime import env
@@ -40,6 +44,8 @@ BASELINE_ARM = "vllm"
 THRESHOLDS_ARM = "thresholds"
 #: vLLM's own path in the thresholds (what the CPU build's communicator is called in a sweep).
 VLLM_BASELINE = "vllm_cpu"
+#: The model dtypes vLLM's --dtype takes.
+MODEL_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 
 @dataclass(frozen=True)
@@ -66,9 +72,24 @@ class E2EConfig:
     master_port: int = 29501
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "prompts", "prompt_tokens", "decode_tokens", "rounds", "repeats", "nnodes"):
-            if getattr(self, name) < 1:
-                raise ArxtuneError(f"--{name.replace('_', '-')} must be at least 1")
+        from arxtune.runtime.backends import names
+
+        for name in ("tensor_parallel_size", "prompts", "prompt_tokens", "decode_tokens", "rounds", "repeats", "nnodes", "max_model_len"):
+            if not 1 <= getattr(self, name) <= MAX_COUNT:
+                raise ArxtuneError(f"--{name.replace('_', '-')} must be between 1 and {MAX_COUNT}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ArxtuneError("--timeout-s must be a positive number of seconds")
+        if not 1 <= self.master_port <= 65535:
+            raise ArxtuneError(f"--master-port {self.master_port} must be between 1 and 65535")
+        if self.dtype not in MODEL_DTYPES:
+            raise ArxtuneError(f"unknown --dtype {self.dtype!r}; vLLM takes {', '.join(MODEL_DTYPES)}")
+        unknown = [b for b in self.force if b not in names()]
+        if unknown:
+            raise ArxtuneError(f"unknown --force backend(s) {', '.join(unknown)}; known: {', '.join(names())}")
+        if not self.model:
+            raise ArxtuneError("--model is empty; give a model directory or name")
+        if not self.out:
+            raise ArxtuneError("--out is empty; give a directory (default results/)")
         if self.decode_tokens < 2:
             raise ArxtuneError("--decode-tokens must be at least 2 (decode time is measured after the first token)")
         if self.prompt_tokens + self.decode_tokens > self.max_model_len:
@@ -119,10 +140,13 @@ def prompt_token_ids(cfg: E2EConfig, vocab_size: int) -> list[list[int]]:
 
 def _vocab_size(model: str) -> int:
     config = Path(model) / "config.json"
+    if not config.is_file():
+        return 1024
     try:
-        return int(json.loads(config.read_text()).get("vocab_size", 1024)) if config.is_file() else 1024
-    except (ValueError, OSError) as exc:
-        raise ArxtuneError(f"{config} is not a readable model config ({exc})") from None
+        data = schema.table(schema.parse_json(read_text(config, "model config"), str(config)), "the model config")
+        return schema.integer(data.get("vocab_size", 1024), "vocab_size", 1, 1 << 24)
+    except ArxtuneError as exc:
+        raise ArxtuneError(f"{config} is not a readable model config ({' '.join(str(exc).split())})") from None
 
 
 def engine_spec(cfg: E2EConfig) -> dict:
@@ -227,9 +251,7 @@ def _write(run_dir: Path, cfg: E2EConfig, arms: list[Arm], engines: list[dict], 
               "started": started, "finished": finished, "arms": [asdict(a) for a in arms],
               "order": [e["arm"] for e in engines], "summary": summary, "ratio_vs_vllm": ratios,
               "engines": [{"arm": e["arm"], "startup_s": e["startup_s"], "workers": e["workers"]} for e in engines]}
-    tmp = run_dir / "e2e.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, run_dir / "e2e.json")
+    write_text_atomic(run_dir / "e2e.json", json.dumps(result, indent=2) + "\n", "e2e result")
     return result
 
 
@@ -241,12 +263,16 @@ def run_e2e(cfg: E2EConfig, run_id: str | None = None, say=print) -> Path:
 
         load(cfg.thresholds)  # a bad file is the user's error here, before any engine starts
     started = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.out) / (run_id or f"e2e-{started}-{platform.node()}-tp{cfg.tensor_parallel_size}")
+    out = check_run_folder(cfg.out, "--out directory")
+    run_dir = out / check_name(run_id or f"e2e-{started}-{platform.node()}-tp{cfg.tensor_parallel_size}", "--run-id")
     if cfg.node_rank > 0:
         run_dir = run_dir.with_name(run_dir.name + f"-node{cfg.node_rank}")
-    if run_dir.exists():
-        raise ArxtuneError(f"{run_dir} exists; results are never overwritten: pass another --run-id")
-    run_dir.mkdir(parents=True)
+    try:
+        run_dir.mkdir()
+    except FileExistsError:
+        raise ArxtuneError(f"{run_dir} exists; results are never overwritten: pass another --run-id") from None
+    except OSError as exc:
+        raise ArxtuneError(f"cannot create {run_dir} ({exc.strerror}); choose another --out") from None
     arms = make_arms(cfg, run_dir)
     engines: list[dict] = []
     for repeat in range(cfg.repeats):
@@ -265,15 +291,42 @@ def run_e2e(cfg: E2EConfig, run_id: str | None = None, say=print) -> Path:
     return run_dir
 
 
+def _summary_entry(value, where: str) -> dict:
+    """One arm's summary, as report_lines reads it."""
+    s = schema.table(value, where)
+    for part, keys in (("decode", ("median_us", "ci_low_us", "ci_high_us")), ("prefill", ("median_us",))):
+        stats = schema.table(s.get(part), f"{where}.{part}")
+        for key in keys:
+            schema.number(stats.get(key), f"{where}.{part}.{key}")
+    if not isinstance(s.get("tokens_identical"), bool) or not isinstance(s.get("plugin", False), bool):
+        raise FormatError(f"{where}.tokens_identical and .plugin must be true or false")
+    for rank, calls in schema.table(s.get("calls"), f"{where}.calls").items():
+        for backend, count in schema.table(calls, f"{where}.calls.{rank}").items():
+            schema.integer(count, f"{where}.calls.{rank}.{backend}")
+    return s
+
+
+def _ratio_entry(value, where: str) -> dict:
+    r = schema.table(value, where)
+    for key in ("median", "low", "high"):
+        schema.number(r.get(key), f"{where}.{key}")
+    return r
+
+
 def load_result(path: str | Path) -> dict:
+    """e2e.json (or a directory holding it), checked field by field: what report_lines reads is there and well typed."""
     path = Path(path)
     path = path / "e2e.json" if path.is_dir() else path
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ArxtuneError(f"{path}: not a readable e2e result ({exc}); re-run `arxtune e2e`") from None
-    if data.get("kind") != KIND or data.get("version") != E2E_VERSION:
-        raise ArxtuneError(f"{path}: not an e2e result of version {E2E_VERSION}; re-run `arxtune e2e`")
+        data = schema.table(schema.parse_json(read_text(path, "e2e result"), str(path)), "the file")
+        if data.get("kind") != KIND or isinstance(data.get("version"), bool) or data.get("version") != E2E_VERSION:
+            raise FormatError(f"not an e2e result of version {E2E_VERSION}")
+        for arm, entry in schema.table(data.get("summary"), "summary").items():
+            _summary_entry(entry, f"summary.{arm}")
+        for arm, entry in schema.table(data.get("ratio_vs_vllm"), "ratio_vs_vllm").items():
+            _ratio_entry(entry, f"ratio_vs_vllm.{arm}")
+    except ArxtuneError as exc:
+        raise FormatError(f"{path}: {str(exc).removeprefix(str(path) + ': ')}; re-run `arxtune e2e`") from None
     return data
 
 

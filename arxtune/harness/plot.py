@@ -13,7 +13,8 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from arxtune.runtime.units import format_bytes  # noqa: E402
 from arxtune.runtime.errors import ArxtuneError  # noqa: E402
-from arxtune.runtime.fileio import check_writable_file, write_bytes_atomic  # noqa: E402
+from arxtune.runtime.fileio import check_output, write_bytes_atomic  # noqa: E402
+from arxtune.harness.config import VIEWS  # noqa: E402
 from arxtune.harness.results import Run  # noqa: E402
 from arxtune.runtime.thresholds import Thresholds  # noqa: E402
 
@@ -39,16 +40,36 @@ def _bands(ax, thresholds: Thresholds | None, op: str, dtype: str, world: int, c
                     color=colors.get(r.backend, "grey"))
 
 
-def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | None = None, mode: str | None = None) -> Path:
-    """Draw every (op, dtype) of a run in one figure; returns the file written."""
-    out = Path(out) if out else run.path / "plot.png"
+#: How each image format a plot may replace starts.
+_SIGNATURES = (b"\x89PNG", b"<?xml", b"<svg", b"%PDF")
+
+
+def is_image(path: Path) -> bool:
+    """Whether an existing file may be replaced by a plot: an image of a format plot writes, or empty."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError:
+        return False
+    return not head or head.lstrip().startswith(_SIGNATURES)
+
+
+def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | None = None, view: str | None = None,
+             inputs: tuple[Path, ...] = ()) -> Path:
+    """Draw every (op, dtype) of a run in one figure; returns the file written. `inputs`: the command's other input files."""
+    out = Path(out) if out is not None else run.path / "plot.png"
     if out.suffix.lower() not in FORMATS:
         raise ArxtuneError(f"cannot write {out.suffix or 'no extension'}; use one of {', '.join(sorted(FORMATS))}")
-    check_writable_file(out, "plot")
+    if view is not None and view not in VIEWS:
+        raise ArxtuneError(f"unknown view {view!r}; known: {', '.join(VIEWS)}")
+    check_output(out, "plot", (run.path, *inputs), is_image)
     frame = run.frame()
     ok = frame[frame.status == "ok"]
-    if mode:
-        ok = ok[ok["mode"] == mode]
+    if view:
+        if not (ok["view"] == view).any():
+            raise ArxtuneError(f"run {run.meta.run_id} has no correct points in the {view} view "
+                               f"(it has: {', '.join(sorted(set(ok['view']))) or 'none'})")
+        ok = ok[ok["view"] == view]
     if ok.empty:
         raise ArxtuneError(f"run {run.meta.run_id} has no correct points to plot; check `arxtune show {run.path}`")
     panels = list(ok.groupby(["op", "dtype"], sort=False).groups)
@@ -63,10 +84,10 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
     for row, (op, dtype) in enumerate(panels):
         lat, bw = axes[row]
         data = ok[(ok.op == op) & (ok.dtype == dtype)]
-        for (backend, point_mode), series in data.groupby(["backend", "mode"], sort=False):
+        for (backend, point_view), series in data.groupby(["backend", "view"], sort=False):
             series = series.sort_values("nbytes")
-            label = backend if point_mode == "eager" else f"{backend} ({point_mode})"
-            style = LINE_STYLES.get(point_mode, "--")
+            label = backend if point_view == "eager" else f"{backend} ({point_view})"
+            style = LINE_STYLES.get(point_view, "--")
             lat.plot(series.nbytes, series.median_us, style, marker="o", ms=3, color=colors[backend], label=label)
             lat.fill_between(series.nbytes, series.p10_us, series.p90_us, color=colors[backend], alpha=0.2, lw=0)
             unstable = series[series.unstable.astype(bool)]

@@ -20,16 +20,16 @@ def run_table(path: str | Path) -> RichTable:
     title = (f"run {meta.run_id}: world {meta.world_size}, {', '.join(sorted(set(meta.hostnames)))}, "
              f"torch {meta.torch_version}, started {meta.started}, {'finished ' + meta.finished if meta.finished else 'unfinished'}")
     table = RichTable(title=title, title_justify="left")
-    for column in ("backend", "op", "dtype", "mode", "bytes", "median us", "p10-p90 us", "p99 us", "round medians us", "busbw GB/s", "iters", "status"):
-        table.add_column(column, justify="right" if column not in ("backend", "op", "dtype", "mode", "status") else "left")
+    for column in ("backend", "op", "dtype", "view", "bytes", "median us", "p10-p90 us", "p99 us", "round medians us", "busbw GB/s", "iters", "status"):
+        table.add_column(column, justify="right" if column not in ("backend", "op", "dtype", "view", "status") else "left")
     for row in run.frame().itertuples():
         if row.status == "ok":
             flag = " unstable" if row.unstable else ""
-            table.add_row(row.backend, row.op, row.dtype, row.mode, format_bytes(row.nbytes), f"{row.median_us:.1f}",
+            table.add_row(row.backend, row.op, row.dtype, row.view, format_bytes(row.nbytes), f"{row.median_us:.1f}",
                           f"{row.p10_us:.1f}-{row.p90_us:.1f}", f"{row.p99_us:.1f}", f"{row.ci_low_us:.1f}-{row.ci_high_us:.1f}",
                           f"{row.busbw_gbps:.3f}", f"{row.iters}/{row.rounds}r", "ok" + flag)
         else:
-            table.add_row(row.backend, row.op, row.dtype, row.mode, format_bytes(row.nbytes), *[""] * 6, f"{row.status}: {row.error}")
+            table.add_row(row.backend, row.op, row.dtype, row.view, format_bytes(row.nbytes), *[""] * 6, f"{row.status}: {row.error}")
     for name, state in meta.backends.items():
         if not state.get("available"):
             table.add_row(name, *[""] * 10, f"unavailable: {state.get('reason', '')}")
@@ -52,10 +52,10 @@ def thresholds_table(thresholds: Thresholds) -> RichTable:
 
 def comparison_table(comparison: Comparison) -> RichTable:
     table = RichTable(title=f"choices of two runs (agree: same backend, or pooled medians within {comparison.tolerance:.0%})", title_justify="left")
-    for column in ("op", "dtype", "mode", "bytes", "run A", "run B", "A/B pooled", "regret A", "regret B", "agree"):
+    for column in ("op", "dtype", "view", "bytes", "run A", "run B", "A/B pooled", "regret A", "regret B", "agree"):
         table.add_column(column, justify="right" if column in ("bytes", "A/B pooled", "regret A", "regret B") else "left")
     for p in comparison.points:
-        table.add_row(p.op, p.dtype, p.mode, format_bytes(p.nbytes), p.choice_a, p.choice_b, f"{p.pooled_ratio:.3f}",
+        table.add_row(p.op, p.dtype, p.view, format_bytes(p.nbytes), p.choice_a, p.choice_b, f"{p.pooled_ratio:.3f}",
                       f"{p.regret_a:.1%}", f"{p.regret_b:.1%}", "yes" if p.agree else "NO")
     return table
 

@@ -11,6 +11,10 @@ Format history:
 - version 2: points.csv gains `round_iters`: samples come in rounds
   interleaved across backends, and intervals come from the spread across
   rounds. Version 1 runs are refused (their intervals are not comparable).
+- version 3: points.csv's `mode` column is named `view` (how a point was
+  timed: eager, isolated, graph; "mode" is the runtime's word), and the
+  config's `modes` key is `views`. Version 2 runs are still read, resumed and
+  appended to in their own format.
 """
 
 from __future__ import annotations
@@ -27,15 +31,20 @@ from pathlib import Path
 import pandas as pd
 
 from arxtune.runtime.ops import DTYPES, OP_SPECS
-from arxtune.harness.config import MODES
+from arxtune.harness.config import VIEWS
+from arxtune.runtime import schema
 from arxtune.runtime.errors import ArxtuneError, FormatError
-from arxtune.runtime.fileio import ensure_dir, read_text, write_text_atomic
+from arxtune.runtime.fileio import check_exists, ensure_dir, read_text, write_text_atomic
 from arxtune.harness.stats import bandwidths, summarize
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: Versions this arxtune reads; a run keeps its version (and header) when resumed.
+READABLE_VERSIONS = (2, 3)
 META_FILE = "meta.json"
 POINTS_FILE = "points.csv"
-POINT_COLUMNS = ["backend", "op", "dtype", "mode", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
+POINT_COLUMNS = ["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
+#: points.csv's header in each readable version (the columns keep their order).
+HEADERS = {3: POINT_COLUMNS, 2: [("mode" if c == "view" else c) for c in POINT_COLUMNS]}
 STATUSES = ("ok", "wrong", "error", "unsupported")
 #: points.csv of the largest sweeps stays far below this.
 POINTS_FILE_LIMIT = 1 << 30
@@ -46,12 +55,12 @@ FRAME_COLUMNS = [c for c in POINT_COLUMNS if c not in ("samples_us", "round_iter
 
 @dataclass(frozen=True)
 class PointRecord:
-    """One (backend, op, dtype, mode, size) measurement as stored."""
+    """One (backend, op, dtype, view, size) measurement as stored."""
 
     backend: str
     op: str
     dtype: str
-    mode: str
+    view: str
     size: int  # the grid size asked for
     nbytes: int  # the bytes actually moved (rounded to whole elements per rank)
     world_size: int
@@ -62,10 +71,10 @@ class PointRecord:
 
     @property
     def key(self) -> tuple:
-        return (self.backend, self.op, self.dtype, self.mode, self.size)
+        return (self.backend, self.op, self.dtype, self.view, self.size)
 
     def to_row(self) -> list:
-        return [self.backend, self.op, self.dtype, self.mode, self.size, self.nbytes, self.world_size,
+        return [self.backend, self.op, self.dtype, self.view, self.size, self.nbytes, self.world_size,
                 self.status, len(self.samples_us), " ".join(map(str, self.round_iters)),
                 " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split())]
 
@@ -94,32 +103,66 @@ class RunMeta:
     command: str = ""
 
     @classmethod
-    def from_dict(cls, data: dict, source: Path) -> "RunMeta":
-        if not isinstance(data, dict):
-            raise FormatError(f"{source}: meta.json must hold an object, not {type(data).__name__}; the run is corrupt")
-        version = data.get("version")
-        if version != FORMAT_VERSION:
-            raise FormatError(f"{source}: results format version {version!r} is not supported (this arxtune reads {FORMAT_VERSION}, "
-                              "samples timed in interleaved rounds); re-run the sweep with this arxtune")
+    def from_dict(cls, data, source: Path | str) -> "RunMeta":
+        """The typed meta.json: every field checked (type, range, known names), any problem one FormatError."""
         try:
-            meta = cls(**data)
-        except TypeError as exc:
-            raise FormatError(f"{source}: meta.json does not match format {FORMAT_VERSION} ({exc}); the run is corrupt") from None
-        for f in fields(cls):
-            value = getattr(meta, f.name)
-            if not isinstance(value, _META_TYPES[f.name]) or isinstance(value, bool) and bool not in _META_TYPES[f.name]:
-                raise FormatError(f"{source}: meta.json field {f.name} has the wrong type ({value!r}); the run is corrupt")
-        if meta.world_size < 1 or not all(isinstance(v, str) for v in meta.hostnames + meta.device_names):
-            raise FormatError(f"{source}: meta.json has a bad world_size, hostnames or device_names; the run is corrupt")
-        return meta
+            schema.check_depth(data, "meta.json")
+            return cls._build(data)
+        except FormatError as exc:
+            raise FormatError(f"{source}: {exc}; the run is corrupt") from None
+
+    @classmethod
+    def _build(cls, data) -> "RunMeta":
+        data = schema.table(data, "meta.json")
+        version = data.get("version")
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
+            raise FormatError(f"results format version {schema._show(version)} is not supported (this arxtune reads "
+                              f"{', '.join(map(str, READABLE_VERSIONS))}: samples timed in interleaved rounds); re-run the sweep with this arxtune")
+        schema.known_keys(data, "meta.json", ("run_id", "world_size", "device_type", "config", "baseline", "started"),
+                          [f.name for f in fields(cls)])
+        text, strings = schema.string, schema.strings
+        return cls(
+            run_id=schema.string(data["run_id"], "run_id", empty=False), world_size=schema.integer(data["world_size"], "world_size", 1),
+            device_type=text(data["device_type"], "device_type"), config=_meta_config(data["config"]),
+            baseline=schema.name(data["baseline"], "baseline"), started=text(data["started"], "started"), version=version,
+            finished=schema.optional_string(data.get("finished"), "finished"),
+            arxtune_version=text(data.get("arxtune_version", ""), "arxtune_version"),
+            torch_version=text(data.get("torch_version", ""), "torch_version"),
+            nccl_version=schema.optional_string(data.get("nccl_version"), "nccl_version"),
+            driver_version=schema.optional_string(data.get("driver_version"), "driver_version"),
+            rdma_devices=list(strings(data.get("rdma_devices", []), "rdma_devices")),
+            hostnames=list(strings(data.get("hostnames", []), "hostnames")),
+            device_names=list(strings(data.get("device_names", []), "device_names")),
+            backends={schema.name(n, "backends"): _backend_status(s, f"backends.{n}")
+                      for n, s in schema.table(data.get("backends", {}), "backends").items()},
+            fabric_floor_us=schema.optional_number(data.get("fabric_floor_us"), "fabric_floor_us", lo=0.0, lo_open=True),
+            command=text(data.get("command", ""), "command"))
 
 
-_NUMBER = (int, float)
-_META_TYPES = {"run_id": (str,), "world_size": (int,), "device_type": (str,), "config": (dict,), "baseline": (str,),
-               "started": (str,), "version": (int,), "finished": (str, type(None)), "arxtune_version": (str,),
-               "torch_version": (str,), "nccl_version": (str, type(None)), "hostnames": (list,), "device_names": (list,),
-               "backends": (dict,), "fabric_floor_us": (*_NUMBER, type(None)), "command": (str,),
-               "driver_version": (str, type(None)), "rdma_devices": (list,)}
+#: Largest step between grid sizes a run may record (calibrate extends tables by it).
+MAX_STEP_FACTOR = 1e6
+
+
+def _meta_config(value) -> dict:
+    """The sweep config a run recorded: what readers use is checked here; resume checks all of it (config.from_mapping)."""
+    config = schema.table(value, "config")
+    if "step_factor" in config:
+        schema.number(config["step_factor"], "config.step_factor", lo=1.0, hi=MAX_STEP_FACTOR, lo_open=True)
+    return config
+
+
+def _backend_status(value, where: str) -> dict:
+    """One backend's line in meta.json: available, why not, and how it was opened."""
+    status = schema.known_keys(schema.table(value, where), where, ("available",), ("reason", "capturable", "ops", "capacity", "options"))
+    if not isinstance(status["available"], bool) or not isinstance(status.get("capturable", False), bool):
+        raise FormatError(f"{where}.available and .capturable must be true or false")
+    schema.string(status.get("reason", ""), f"{where}.reason")
+    schema.items(status.get("ops", []), f"{where}.ops", lambda v, w: schema.string(v, w, OP_SPECS))
+    for op, limit in schema.table(status.get("capacity", {}), f"{where}.capacity").items():
+        schema.string(op, f"{where}.capacity", OP_SPECS)
+        schema.size(limit, f"{where}.capacity.{op}")
+    schema.table(status.get("options", {}), f"{where}.options")
+    return status
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -202,10 +245,10 @@ def _row_problem(record: PointRecord, iters: int, meta: RunMeta) -> str:
     """Why a parsed row cannot be part of this run ('' when it can)."""
     if meta.backends and record.backend not in meta.backends:
         return f"backend {record.backend!r} is not one of the run's ({', '.join(meta.backends)})"
-    if record.op not in OP_SPECS or record.dtype not in DTYPES or record.mode not in MODES or record.status not in STATUSES:
-        return "unknown op, dtype, mode or status"
-    if record.size < 1 or record.nbytes < 1:
-        return "sizes must be positive"
+    if record.op not in OP_SPECS or record.dtype not in DTYPES or record.view not in VIEWS or record.status not in STATUSES:
+        return "unknown op, dtype, view or status"
+    if not (0 < record.size <= schema.MAX_SIZE_BYTES and 0 < record.nbytes <= schema.MAX_SIZE_BYTES):
+        return f"sizes must be positive and at most {schema.MAX_SIZE_BYTES}"
     if record.world_size != meta.world_size:
         return f"world size {record.world_size} in a run of world size {meta.world_size}"
     if iters != len(record.samples_us) or (record.status == "ok") != bool(record.samples_us):
@@ -222,8 +265,8 @@ def _parse_row(row: list[str], where: str, meta: RunMeta) -> PointRecord:
     if len(row) != len(POINT_COLUMNS):
         raise FormatError(f"{where}: {len(row)} fields, expected {len(POINT_COLUMNS)}; the run is corrupt")
     try:
-        backend, op, dtype, mode, size, nbytes, world, status, iters, round_iters, samples, error = row
-        record = PointRecord(backend, op, dtype, mode, int(size), int(nbytes), int(world), status, _parse_samples(samples), error,
+        backend, op, dtype, view, size, nbytes, world, status, iters, round_iters, samples, error = row
+        record = PointRecord(backend, op, dtype, view, int(size), int(nbytes), int(world), status, _parse_samples(samples), error,
                              tuple(int(v) for v in round_iters.split()))
         problem = _row_problem(record, int(iters), meta)
     except ValueError as exc:
@@ -241,7 +284,7 @@ def _read_points(points_path: Path, meta: RunMeta) -> tuple[list[PointRecord], s
     reader = csv.reader(io.StringIO(complete, newline=""), strict=True)
     line = 1  # where the row being read starts: a quote left open is reported where it opened
     try:
-        if next(reader, None) != POINT_COLUMNS:
+        if next(reader, None) != HEADERS[meta.version]:
             raise FormatError(f"{points_path} has unexpected columns; the run is corrupt or from another version")
         records, seen = [], set()
         while (line := reader.line_num + 1) and (row := next(reader, None)) is not None:
@@ -259,18 +302,21 @@ def read_meta(path: str | Path) -> RunMeta:
     """A run directory's meta.json alone, validated."""
     meta_path = Path(path) / META_FILE
     try:
-        return RunMeta.from_dict(json.loads(read_text(meta_path, "run metadata")), meta_path)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{meta_path} is not valid JSON ({exc}); the run is corrupt") from None
-    except FormatError:
-        raise
+        data = schema.parse_json(read_text(meta_path, "run metadata"), str(meta_path))
+    except FormatError as exc:
+        raise FormatError(f"{exc}; the run is corrupt") from None
     except ArxtuneError as exc:
         raise FormatError(str(exc)) from None
+    return RunMeta.from_dict(data, meta_path)
 
 
 def load_run(path: str | Path) -> Run:
     """Read a run directory; a missing, corrupt or unknown-version run is a FormatError."""
     path = Path(path)
+    try:
+        check_exists(path, "run directory")
+    except ArxtuneError as exc:
+        raise FormatError(f"{path} is not an arxtune run ({str(exc).removeprefix(f'run directory {path} ')})") from None
     meta_path, points_path = path / META_FILE, path / POINTS_FILE
     if not meta_path.is_file() or not points_path.is_file():
         raise FormatError(f"{path} is not an arxtune run (needs {META_FILE} and {POINTS_FILE}); pass a directory under results/")

@@ -1,6 +1,6 @@
 """The harness: every rank runs this under torchrun; only rank 0 writes.
 
-Per point (op, dtype, mode, size) every backend is checked against an exact
+Per point (op, dtype, view, size) every backend is checked against an exact
 reference and warmed up, its iteration count chosen from a short estimate so
 sampling fits the point's budget; then the backends are timed in interleaved
 rounds, each sample with all ranks released together by a barrier, keeping
@@ -34,7 +34,8 @@ from arxtune.runtime.ops import DTYPES, OP_SPECS, elements_per_rank, expected_ou
 from arxtune.harness.config import SweepConfig, format_bytes, from_mapping
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
-from arxtune.harness.timing import Timer, has_timer, make_timer
+from arxtune.harness.launch import JOINED_LINE
+from arxtune.runtime.timing import Timer, has_timer, make_timer
 
 ESTIMATE_CALLS = 3
 #: Fewest samples a backend contributes to one round.
@@ -47,12 +48,18 @@ class Point:
     backend: str
     op: str
     dtype: str
-    mode: str
+    view: str
     size: int
 
     @property
     def key(self) -> tuple:
-        return (self.backend, self.op, self.dtype, self.mode, self.size)
+        return (self.backend, self.op, self.dtype, self.view, self.size)
+
+
+def peer_timed_out(exc: BaseException) -> bool:
+    """Whether a collective failed because a peer did not answer in time (gloo's and NCCL's timeout errors)."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("timeout" in text or "timed out" in text)
 
 
 def new_run_id(world_size: int, device_type: str) -> str:
@@ -86,32 +93,32 @@ def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
 
 @dataclass(frozen=True)
 class PointGroup:
-    """The backends timed together at one (op, dtype, mode, size): the unit of rounds and of resume."""
+    """The backends timed together at one (op, dtype, view, size): the unit of rounds and of resume."""
 
     op: str
     dtype: str
-    mode: str
+    view: str
     size: int
     backends: tuple[str, ...]
 
     def points(self) -> list[Point]:
-        return [Point(name, self.op, self.dtype, self.mode, self.size) for name in self.backends]
+        return [Point(name, self.op, self.dtype, self.view, self.size) for name in self.backends]
 
 
 def plan_points(config: SweepConfig, ready: dict[str, Backend], device: torch.device) -> list[PointGroup]:
-    """One group per (mode, op, dtype, size), holding every ready backend that can run it."""
+    """One group per (view, op, dtype, size), holding every ready backend that can run it."""
     sizes = size_grid(config.min_bytes, config.max_bytes, config.step_factor)
     groups = []
-    for mode in config.modes:
-        if not has_timer(device, mode):
+    for view in config.views:
+        if not has_timer(device, view):
             continue
         for op in config.ops:
             names = tuple(name for name, backend in ready.items() if op in getattr(backend, "ops", OPS)
-                          and (mode != "graph" or backend.capturable))
+                          and (view != "graph" or backend.capturable))
             if not names:
                 continue
             for dtype in config.dtypes:
-                groups.extend(PointGroup(op, dtype, mode, size, names) for size in sizes)
+                groups.extend(PointGroup(op, dtype, view, size, names) for size in sizes)
     return groups
 
 
@@ -206,6 +213,8 @@ class PointRunner:
                 check()
             local = ("ok", "")
         except Exception as exc:  # a backend failure becomes data, not a crash
+            if peer_timed_out(exc):
+                raise  # a rank that does not answer: the sweep ends now, not after another timeout agreeing on it
             local = ("error", f"{type(exc).__name__}: {exc}")
         return self._agree_outcome(point, nbytes, local)
 
@@ -219,7 +228,7 @@ class PointRunner:
         if not distributed.all_true(backend.supports(point.op, dtype, nbytes), ctx.cpu_group):
             return PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="unsupported",
                                error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
-        timer = make_timer(ctx.device, point.mode, nbytes)
+        timer = make_timer(ctx.device, point.view, nbytes)
         count = buffer_count(timer, nbytes, config.max_bytes)
         ins = [make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device) for _ in range(count)]
         outs = [torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device) for _ in range(count)]
@@ -315,14 +324,19 @@ def _progress(enabled: bool, total: int):
 def run(config: SweepConfig, run_id: str | None = None, resume: str | None = None, progress: bool = True) -> Path:
     """Sweep under torchrun; returns the run directory (rank 0 writes it, all ranks return its path)."""
     ctx = distributed.init(config.timeout_s, config.backend_options)
-    interrupted = False
+    print(JOINED_LINE, file=sys.stderr, flush=True)  # the launcher's sign that the rendezvous is over
+    finished = False
     try:
-        return _run(config, ctx, run_id, resume, progress)
-    except KeyboardInterrupt:
-        interrupted = True
+        path = _run(config, ctx, run_id, resume, progress)
+        finished = True
+        return path
+    except RuntimeError as exc:
+        if peer_timed_out(exc):
+            raise ArxtuneError(f"a rank did not answer within timeout_s ({config.timeout_s:g} s): {' '.join(str(exc).split())}") from None
         raise
     finally:
-        distributed.shutdown(together=not interrupted)
+        # Only a finished run leaves together: after an interrupt, an error or a silent peer, a barrier would wait out the timeout.
+        distributed.shutdown(together=finished)
 
 
 def _new_meta(config: SweepConfig, ctx: GroupContext, run_id: str, baseline: str, hosts: list[dict]) -> RunMeta:
@@ -399,7 +413,7 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
             task = bar.add_task("", total=len(groups)) if bar else None
             for group in groups:
                 if bar:
-                    bar.update(task, description=f"{group.op} {group.dtype} {format_bytes(group.size)} {group.mode}")
+                    bar.update(task, description=f"{group.op} {group.dtype} {format_bytes(group.size)} {group.view}")
                 records = runner.measure_group(group, ready)
                 if writer:
                     writer.append_group([r for r in records if r.key not in done])

@@ -17,11 +17,18 @@ class Variable:
     name: str
     default: str
     meaning: str
+    choices: tuple[str, ...] = ()  # the values it may take (case-insensitive); empty: any
 
     def get(self, environ: Mapping[str, str] | None = None) -> str:
-        """The value with surrounding blanks removed; the default when unset or blank."""
-        value = (os.environ if environ is None else environ).get(self.name, "").strip()
-        return value or self.default
+        """The value with surrounding blanks removed; the default when unset or blank.
+
+        A value outside `choices` is an ArxtuneError (a typo such as strcit must not read as the default)."""
+        value = (os.environ if environ is None else environ).get(self.name, "").strip() or self.default
+        if self.choices and value.lower() not in self.choices:
+            from arxtune.runtime.errors import ArxtuneError
+
+            raise ArxtuneError(f"{self.name}={value!r} is not one of {', '.join(self.choices)}; fix or unset it")
+        return value
 
     def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
         return bool((os.environ if environ is None else environ).get(self.name, "").strip())
@@ -30,8 +37,8 @@ class Variable:
 VARIABLES: dict[str, Variable] = {}
 
 
-def _declare(name: str, default: str, meaning: str) -> Variable:
-    variable = Variable(name, default, meaning)
+def _declare(name: str, default: str, meaning: str, choices: tuple[str, ...] = ()) -> Variable:
+    variable = Variable(name, default, meaning, choices)
     VARIABLES[name] = variable
     return variable
 
@@ -42,7 +49,7 @@ THRESHOLDS = _declare("ARXTUNE_THRESHOLDS", "", "the thresholds file the communi
 OVERRIDES = _declare("ARXTUNE_OVERRIDES", "", "ranges laid over the calibrated tables: OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, "
                      "items separated by ',' or ';'")
 FINGERPRINT = _declare("ARXTUNE_FINGERPRINT", "warn", "warn: name what differs from the run a file was measured on and use it; "
-                       "strict: fall back to the baseline instead")
+                       "strict: fall back to the baseline instead", ("warn", "strict"))
 EXTRA_BACKENDS = _declare("ARXTUNE_EXTRA_BACKENDS", "", "site backends added to the registry: name=package.module:Class, ...")
 # -- the start-up ladder (arxtune.runtime.ladder)
 BOOT = _declare("ARXTUNE_BOOT", "check", "off: trust the thresholds file; check: time each boundary on the live group at "
@@ -57,14 +64,25 @@ VLLM_LOG = _declare("ARXTUNE_VLLM_LOG", "info", "what the plugin logs: info (sta
 # -- devices and native code
 DEVICE = _declare("ARXTUNE_DEVICE", "", "cpu: use CPU tensors even where GPUs exist")
 NCCL_LIBRARY = _declare("ARXTUNE_NCCL_LIBRARY", "", "the libnccl.so the nccl backend binds (default: the one torch loaded)")
-NCCL_LOOP = _declare("ARXTUNE_NCCL_LOOP", "c", "python: launch nccl's eager samples from Python instead of its C loop")
-ARXG_NATIVE = _declare("ARXTUNE_ARXG_NATIVE", "1", "0: arxg's proxy steps in Python instead of its C loop")
+NCCL_LOOP = _declare("ARXTUNE_NCCL_LOOP", "c", "python: launch nccl's eager samples from Python instead of its C loop", ("c", "python"))
+ARXG_NATIVE = _declare("ARXTUNE_ARXG_NATIVE", "1", "0: arxg's proxy steps in Python instead of its C loop", ("0", "1"))
 # -- the arx RDMA transport (arxtune.runtime.rdma.config)
 RDMA_DEVICES = _declare("ARXTUNE_RDMA_DEVICES", "", "RDMA devices to use, comma-separated (default: every active RoCE v2 port)")
 RDMA_PORT = _declare("ARXTUNE_RDMA_PORT", "", "the RDMA device port (default 1)")
 RDMA_GID_INDEX = _declare("ARXTUNE_RDMA_GID_INDEX", "", "the GID index (default: the port's RoCE v2 IPv4 GID)")
 RDMA_MAX_BYTES = _declare("ARXTUNE_RDMA_MAX_BYTES", "", "the largest message the pre-registered buffers hold")
 RDMA_TIMEOUT_S = _declare("ARXTUNE_RDMA_TIMEOUT_S", "", "how long an RDMA wait lasts before it is an error")
+
+
+def problems(environ: Mapping[str, str] | None = None) -> list[str]:
+    """What is wrong with the variables that are set (values outside their choices), for doctor and start-up checks."""
+    found = []
+    for variable in VARIABLES.values():
+        try:
+            variable.get(environ)
+        except Exception as exc:  # ArxtuneError; imported lazily above
+            found.append(str(exc))
+    return found
 
 
 def describe() -> list[str]:

@@ -4,6 +4,12 @@ Reads accept only small regular files of UTF-8 text, so a FIFO, a device or a
 directory given by mistake is one clear error rather than a hang or an
 unbounded read. Writes go to a temporary file beside the target and are
 renamed into place, so a failed write leaves neither a half file nor a `.tmp`.
+
+Every output a command writes is checked with `check_output` before the
+command writes its first byte: never over one of the command's inputs, never
+over a run directory's data, never over a FIFO, device or directory, never
+over an existing file of another kind; a run name (`--run-id`) is a name,
+never a path. So a command that fails leaves every file as it was.
 """
 
 from __future__ import annotations
@@ -12,20 +18,47 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Callable, Iterable
 
 from arxtune.runtime.errors import ArxtuneError
 
 #: Configs, meta.json and thresholds files are far below this.
 SMALL_FILE_BYTES = 16 << 20
+#: The files a run directory's data is made of (arxtune.harness.results); no command writes over them but the sweep.
+RUN_DATA_FILES = ("meta.json", "points.csv")
+#: Longest run name.
+MAX_NAME = 200
+
+
+def _usable(path: str | Path, what: str) -> Path:
+    """A path the system calls can take: no NUL byte, not absurdly long (a ValueError or ENAMETOOLONG otherwise)."""
+    text = os.fspath(path)
+    if "\0" in text:
+        raise ArxtuneError(f"{what} {text!r} holds a NUL byte; no file has that name")
+    if len(text.encode("utf-8", "surrogateescape")) > 4096:
+        raise ArxtuneError(f"{what} is longer than 4096 bytes; no file has that name")
+    return Path(path)
 
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
+def check_exists(path: str | Path, what: str, hint: str = "") -> Path:
+    """The path if it can be looked at; else one ArxtuneError that says why (not found, a symlink loop, no permission)."""
+    path = _usable(path, what)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise ArxtuneError(f"{what} {path} not found{hint}") from None
+    except OSError as exc:
+        raise ArxtuneError(f"cannot read {what} {path} ({_reason(exc)})") from None
+    return path
+
+
 def read_text(path: str | Path, what: str, limit: int = SMALL_FILE_BYTES) -> str:
     """The UTF-8 text of a regular file of at most `limit` bytes; anything else is one ArxtuneError."""
-    path = Path(path)
+    path = _usable(path, what)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -50,7 +83,7 @@ def read_text(path: str | Path, what: str, limit: int = SMALL_FILE_BYTES) -> str
 
 def ensure_dir(path: str | Path, what: str) -> Path:
     """Create a directory (and its parents) or say in one line why it cannot be."""
-    path = Path(path)
+    path = _usable(path, what)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -74,9 +107,15 @@ def check_writable_dir(path: str | Path, what: str) -> Path:
 
 def check_writable_file(path: str | Path, what: str) -> Path:
     """Refuse an output path that is a directory or whose folder cannot take files, before any work starts."""
-    path = Path(path)
-    if path.is_dir():
-        raise ArxtuneError(f"{what} {path} is a directory; give a file name")
+    path = _usable(path, what)
+    if str(path) in ("", "."):
+        raise ArxtuneError(f"{what} is empty; give a file name")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ArxtuneError(f"{what} {path} is {_kind(mode)}; give a regular file name")
     check_writable_dir(path.parent, f"folder of {what}")
     return path
 
@@ -112,3 +151,73 @@ def write_bytes_atomic(path: str | Path, data: bytes, what: str) -> Path:
 
 def write_text_atomic(path: str | Path, text: str, what: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"), what)
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """Whether `path` holds a run's data (a sweep's meta.json or points.csv)."""
+    return any(os.path.lexists(Path(path) / name) for name in RUN_DATA_FILES)
+
+
+def check_name(name: str, what: str) -> str:
+    """A directory name made inside a chosen folder: one plain path component, never a path that leaves it."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+            or name.startswith(".") or len(name) > MAX_NAME or not name.isprintable()):
+        raise ArxtuneError(f"{what} {name!r} must be a plain name (no '/', not starting with '.', printable, at most {MAX_NAME} characters); "
+                           "choose the folder with --out")
+    return name
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def check_output(path: str | Path, what: str, inputs: Iterable[str | Path] = (),
+                 replaces: Callable[[Path], bool] | None = None) -> Path:
+    """Refuse, before anything is written, an output that would destroy something or cannot be written.
+
+    `inputs`: files (or directories, meaning every file in them) the command reads; `replaces(path)`: whether
+    an existing file is one this output may replace (e.g. an older thresholds file), None for any regular file.
+    Its folder is created if missing (an empty folder loses nothing) and probed with a file of its own.
+    """
+    if str(path) in ("", "."):
+        raise ArxtuneError(f"{what} is empty; give a file name")
+    path = _usable(path, what)
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # a folder on the way that is a file: said by check_writable_dir
+        st = None
+    except OSError as exc:
+        raise ArxtuneError(f"cannot use {what} {path} ({_reason(exc)}); choose another") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ArxtuneError(f"{what} {path} is {_kind(st.st_mode)}; give a regular file name")
+    for source in inputs:
+        source = Path(source)
+        if _same_file(path, source) or (source.is_dir() and _same_file(path.parent, source) and path.name in RUN_DATA_FILES):
+            raise ArxtuneError(f"{what} {path} is an input of this command; write elsewhere")
+    if path.name in RUN_DATA_FILES and is_run_dir(path.parent):
+        raise ArxtuneError(f"{what} {path} is part of the run in {path.parent}; write elsewhere")
+    if st is not None and replaces is not None and not replaces(path):
+        raise ArxtuneError(f"{what} {path} exists and is not a file of that kind; remove it or choose another name")
+    check_writable_dir(path.parent, f"folder of {what}")
+    return path
+
+
+def check_run_folder(out: str | Path, what: str) -> Path:
+    """A folder that receives run directories: not empty, not itself a run, a directory where one can write."""
+    if str(out) == "":
+        raise ArxtuneError(f"{what} is empty; give a directory (default results/)")
+    _usable(out, what)
+    if is_run_dir(out):
+        raise ArxtuneError(f"{what} {out} is a run directory, not a folder of runs; choose its parent or another")
+    return check_writable_dir(out, what)

@@ -523,7 +523,7 @@ def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, st
     path = out_dir() / run_id
     used = {name for (name, *_), _ in records}
     meta = {"run_id": run_id, "world_size": ctx.world_size, "device_type": ctx.device.type, "baseline": baseline,
-            "config": {"step_factor": 2.0}, "started": started, "finished": _now(), "version": 2,
+            "config": {"step_factor": 2.0}, "started": started, "finished": _now(), "version": 3,
             "arxtune_version": __version__, "torch_version": torch.__version__, "nccl_version": nccl_version(ctx.device),
             "driver_version": hosts[0]["driver"] if hosts else None, "rdma_devices": hosts[0]["rdma_devices"] if hosts else [],
             "hostnames": [h["hostname"] for h in hosts or []], "device_names": [h["device"] for h in hosts or []],
@@ -533,7 +533,7 @@ def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, st
                                 if k in ("available", "reason", "capturable", "ops", "capacity", "options")} for name in sorted(used)}}
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["backend", "op", "dtype", "mode", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"])
+    writer.writerow(["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"])
     for (name, op, dtype, m, nbytes), got in records:
         flat = [s for r in got.rounds for s in r] if got.ok else []
         writer.writerow([name, op, dtype, m, nbytes, nbytes, ctx.world_size, got.status,

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from arxtune.runtime.backends import GroupContext
+from arxtune.runtime.backends import GroupContext, check_extra
 from arxtune.runtime.backends.startup import gather_objects, open_backends
 from arxtune.runtime.ops import DTYPES, OPS
 from arxtune.runtime.units import format_bytes, parse_bytes
@@ -243,6 +243,7 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
     """
     if overrides is None:
         overrides = parse_overrides(env.OVERRIDES.get())
+    check_extra()  # a malformed ARXTUNE_EXTRA_BACKENDS is refused here as in `arxtune sweep`, never ignored
     strict = env.FINGERPRINT.get().lower() == "strict"
     problems, parts = [], []
     if thresholds is not None:

@@ -26,7 +26,8 @@ from pathlib import Path
 from arxtune.runtime.backends import OPS
 from arxtune.runtime.ops import DTYPES
 from arxtune.runtime.errors import ArxtuneError, FormatError
-from arxtune.runtime.fileio import read_text, write_text_atomic
+from arxtune.runtime import schema
+from arxtune.runtime.fileio import check_exists, read_text, write_text_atomic
 
 THRESHOLDS_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -149,7 +150,10 @@ class Thresholds:
         return asdict(self)
 
     def save(self, path: str | Path) -> Path:
-        return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n", "thresholds file")
+        """Write the file, after checking that it reads back (a file the loader would refuse is never written)."""
+        data = self.to_dict()
+        from_dict(json.loads(json.dumps(data)), f"thresholds for {path}")
+        return write_text_atomic(path, json.dumps(data, indent=2) + "\n", "thresholds file")
 
     def to_csv(self) -> str:
         """arxtune's ranges, one line each, in the spirit of NCCL's tuner files (first match wins, -1 a wildcard / no
@@ -207,75 +211,138 @@ def validate_ranges(ranges: tuple[Range, ...], where: str, source: str) -> None:
             raise _fail(source, f"{where} has a range without a backend or with an unknown source")
 
 
+#: The timing views a table may come from (the harness's views; "" in files that did not say).
+VIEWS = ("", "eager", "isolated", "graph")
+#: Largest margin a file may hold: a backend would have to be 100 times faster.
+MAX_MARGIN = 100.0
+
+
+def _known_backend(value, where: str) -> str:
+    """A backend this process can name: built in, or added by ARXTUNE_EXTRA_BACKENDS."""
+    from arxtune.runtime.backends import names
+
+    return schema.name(value, where, names())
+
+
+def _range(value, where: str) -> Range:
+    r = schema.known_keys(schema.table(value, where), where, ("lo", "hi", "backend"), ("source",))
+    hi = None if r["hi"] is None else schema.size(r["hi"], f"{where}.hi")
+    return Range(schema.size(r["lo"], f"{where}.lo"), hi, _known_backend(r["backend"], f"{where}.backend"),
+                 schema.string(r.get("source", "measured"), f"{where}.source", SOURCES))
+
+
+def _table(value, where: str) -> Table:
+    t = schema.known_keys(schema.table(value, where), where, ("op", "dtype", "world_size", "ranges", "mode"), ("run_id", "view"))
+    return Table(schema.string(t["op"], f"{where}.op", OPS), schema.string(t["dtype"], f"{where}.dtype", DTYPES),
+                 schema.integer(t["world_size"], f"{where}.world_size", 1), schema.items(t["ranges"], f"{where}.ranges", _range),
+                 schema.string(t["mode"], f"{where}.mode", MODES), schema.string(t.get("run_id", ""), f"{where}.run_id"),
+                 schema.string(t.get("view", ""), f"{where}.view", VIEWS))
+
+
+def _model(value, where: str) -> Model:
+    m = schema.known_keys(schema.table(value, where), where, ("backend", "op", "dtype", "world_size", "alpha_us", "bandwidth_gbps"),
+                          ("mode",))
+    return Model(_known_backend(m["backend"], f"{where}.backend"), schema.string(m["op"], f"{where}.op", OPS),
+                 schema.string(m["dtype"], f"{where}.dtype", DTYPES), schema.integer(m["world_size"], f"{where}.world_size", 1),
+                 schema.number(m["alpha_us"], f"{where}.alpha_us", hi=1e12),
+                 schema.optional_number(m["bandwidth_gbps"], f"{where}.bandwidth_gbps", lo=0.0, hi=1e9, lo_open=True),
+                 schema.string(m.get("mode", "eager"), f"{where}.mode", MODES))
+
+
+def _optional_strings(value, where: str) -> tuple[str, ...] | None:
+    return None if value is None else schema.strings(value, where)
+
+
+def _fingerprint(value, where: str) -> Fingerprint:
+    f = schema.known_keys(schema.table(value, where), where, ("world_size",), [x.name for x in fields(Fingerprint)])
+    return Fingerprint(schema.integer(f["world_size"], f"{where}.world_size"), schema.string(f.get("device_type", ""), f"{where}.device_type"),
+                       schema.strings(f.get("hostnames", []), f"{where}.hostnames"),
+                       schema.strings(f.get("device_names", []), f"{where}.device_names"),
+                       *(schema.optional_string(f.get(k), f"{where}.{k}") for k in ("driver_version", "torch_version", "nccl_version")),
+                       _optional_strings(f.get("rdma_devices"), f"{where}.rdma_devices"))
+
+
+def _source_run(value, where: str) -> SourceRun:
+    r = schema.known_keys(schema.table(value, where), where, ("run_id", "fingerprint"))
+    return SourceRun(schema.string(r["run_id"], f"{where}.run_id"), _fingerprint(r["fingerprint"], f"{where}.fingerprint"))
+
+
+def _setup(value, where: str) -> BackendSetup:
+    s = schema.known_keys(schema.table(value, where), where, (), ("options", "capacity"))
+    capacity = schema.table(s.get("capacity", {}), f"{where}.capacity")
+    return BackendSetup(dict(schema.table(s.get("options", {}), f"{where}.options")),
+                        {schema.string(op, f"{where}.capacity", OPS): schema.size(b, f"{where}.capacity.{op}") for op, b in capacity.items()})
+
+
 def _upgrade_v1(data: dict) -> dict:
     """A version-1 file as version 2: its one run, its one mode, no backend options."""
-    provenance = dict(data["provenance"])
-    mode = provenance.get("mode", "eager")
-    run_id = str(provenance.get("run_id", ""))
-    tables = [{**t, "mode": mode, "run_id": run_id, "view": mode} for t in data["tables"]]
-    models = [{**m, "mode": mode} for m in data.get("models", [])]
-    worlds = {int(t["world_size"]) for t in data["tables"]}
+    schema.known_keys(data, "file", ("kind", "version", "baseline", "margin", "provenance", "tables"), ("models",))
+    provenance = schema.table(data["provenance"], "provenance")
+    mode = schema.string(provenance.get("mode", "eager"), "provenance.mode", MODES)
+    run_id = schema.string(provenance.get("run_id", ""), "provenance.run_id")
+    tables = [{**schema.table(t, f"tables[{i}]"), "mode": mode, "run_id": run_id, "view": mode}
+              for i, t in enumerate(schema.items(data["tables"], "tables", lambda t, w: t))]
+    models = [{**schema.table(m, f"models[{i}]"), "mode": mode} for i, m in enumerate(schema.items(data.get("models", []), "models", lambda m, w: m))]
+    worlds = {t.get("world_size") for t in tables}
+    world = provenance.get("world_size") or (worlds.pop() if len(worlds) == 1 else 0)
     runs = [{"run_id": run_id, "fingerprint": {
-        "world_size": provenance.get("world_size") or (worlds.pop() if len(worlds) == 1 else 0),
-        "device_type": provenance.get("device_type", ""), "hostnames": provenance.get("hostnames", []),
+        "world_size": world, "device_type": provenance.get("device_type", ""), "hostnames": provenance.get("hostnames", []),
         "device_names": provenance.get("device_names", [])}}]
     return {**data, "version": 2, "tables": tables, "models": models, "runs": runs, "backend_setup": {}}
 
 
-def _tuple_or_none(value):
-    return None if value is None else tuple(value)
-
-
-def _fingerprint(data: dict) -> Fingerprint:
-    data = dict(data)
-    for key in ("hostnames", "device_names"):
-        data[key] = tuple(data.get(key, ()))
-    data["rdma_devices"] = _tuple_or_none(data.get("rdma_devices"))
-    return Fingerprint(**data)
+def _build(data) -> Thresholds:
+    """The typed file from parsed JSON; every field checked, every problem one FormatError naming the field."""
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise FormatError("not an arxtune thresholds file")
+    version = data.get("version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        raise FormatError(f"version {schema._show(version)} is not supported (this arxtune reads "
+                          f"{', '.join(map(str, READABLE_VERSIONS))})")
+    if version == 1:
+        data = _upgrade_v1(data)
+    schema.known_keys(data, "file", ("kind", "version", "baseline", "margin", "provenance", "tables", "runs", "backend_setup"), ("models",))
+    tables = schema.items(data["tables"], "tables", _table)
+    setup = schema.table(data["backend_setup"], "backend_setup")
+    return Thresholds(_known_backend(data["baseline"], "baseline"), schema.number(data["margin"], "margin", hi=MAX_MARGIN),
+                      dict(schema.table(data["provenance"], "provenance")), tables,
+                      schema.items(data.get("models", []), "models", _model), schema.items(data["runs"], "runs", _source_run),
+                      {_known_backend(n, "backend_setup"): _setup(s, f"backend_setup.{n}") for n, s in setup.items()})
 
 
 def from_dict(data: dict, source: str = "thresholds") -> Thresholds:
-    """Validate and build; anything off is one FormatError saying where."""
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise _fail(source, "not an arxtune thresholds file")
-    if data.get("version") not in READABLE_VERSIONS:
-        raise _fail(source, f"version {data.get('version')!r} is not supported (this arxtune reads "
-                            f"{', '.join(map(str, READABLE_VERSIONS))})")
+    """Validate and build; anything off (types, ranges, names, nesting) is one FormatError saying where."""
     try:
-        if data["version"] == 1:
-            data = _upgrade_v1(data)
-        tables = tuple(Table(t["op"], t["dtype"], int(t["world_size"]), tuple(Range(**r) for r in t["ranges"]),
-                             str(t["mode"]), str(t.get("run_id", "")), str(t.get("view", ""))) for t in data["tables"])
-        models = tuple(Model(**m) for m in data.get("models", []))
-        runs = tuple(SourceRun(str(r["run_id"]), _fingerprint(r["fingerprint"])) for r in data["runs"])
-        setup = {str(name): BackendSetup(dict(s.get("options", {})), {str(op): int(b) for op, b in s.get("capacity", {}).items()})
-                 for name, s in data["backend_setup"].items()}
-        result = Thresholds(str(data["baseline"]), float(data["margin"]), dict(data["provenance"]), tables, models, runs, setup)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _fail(source, f"malformed ({type(exc).__name__}: {exc})") from None
+        schema.check_depth(data, "the file")
+        result = _build(data)
+    except FormatError as exc:
+        raise _fail(source, str(exc)) from None
     seen = set()
-    for t in tables:
+    for t in result.tables:
         where = f"table {t.mode}/{t.op}/{t.dtype}/w{t.world_size}"
-        if t.op not in OPS or t.dtype not in DTYPES or t.world_size < 1 or t.mode not in MODES:
-            raise _fail(source, f"{where} names an unknown mode, op, dtype or world size")
         if t.key in seen:
             raise _fail(source, f"{where} appears twice")
         seen.add(t.key)
         validate_ranges(t.ranges, where, source)
-    for name, setup in result.backend_setup.items():
-        if any(op not in OPS or limit < 0 for op, limit in setup.capacity.items()):
-            raise _fail(source, f"backend {name}'s capacity names an unknown op or a negative size")
     return result
+
+
+def is_thresholds_file(path: str | Path) -> bool:
+    """Whether an existing file may be replaced by a thresholds file: it is one (of any version), or empty."""
+    try:
+        text = read_text(path, "thresholds file")
+        return not text.strip() or schema.parse_json(text, str(path)).get("kind") == KIND
+    except (ArxtuneError, AttributeError):
+        return False
 
 
 def load(path: str | Path) -> Thresholds:
     path = Path(path)
-    if not path.exists():
-        raise FormatError(f"thresholds file {path} not found; create it with `arxtune calibrate RUN --out {path}`")
     try:
-        data = json.loads(read_text(path, "thresholds file"))
+        check_exists(path, "thresholds file", f"; create it with `arxtune calibrate RUN --out {path}`")
+        data = schema.parse_json(read_text(path, "thresholds file"), str(path))
+    except FormatError:
+        raise
     except ArxtuneError as exc:
         raise FormatError(str(exc)) from None
-    except json.JSONDecodeError as exc:
-        raise _fail(str(path), f"not valid JSON ({exc})") from None
     return from_dict(data, str(path))

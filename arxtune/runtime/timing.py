@@ -1,4 +1,4 @@
-"""How collective calls are timed; the harness picks a timer per device and mode, the start-up ladder too.
+"""How collective calls are timed; the harness picks a timer per device and view, the start-up ladder too.
 
 Each timer runs `op` one or more times per sample and returns microseconds
 per op. Three views of the same call:
@@ -40,7 +40,7 @@ _graphs_made = 0
 
 
 class Timer(Protocol):
-    mode: str
+    view: str
     #: Calls per sample; the harness budgets samples with it.
     ops_per_sample: int
 
@@ -56,8 +56,8 @@ class Timer(Protocol):
 class WallTimer:
     """The clock around `ops_per_sample` calls, per call; for CPU tensors, where a call is synchronous."""
 
-    def __init__(self, mode: str, ops_per_sample: int) -> None:
-        self.mode = mode
+    def __init__(self, view: str, ops_per_sample: int) -> None:
+        self.view = view
         self.ops_per_sample = ops_per_sample
 
     def prepare(self, op: Op) -> None:
@@ -86,7 +86,7 @@ class _CudaEvents:
 class CudaBackToBackTimer(_CudaEvents):
     """Events around `ops_per_sample` calls launched back to back: per-op time of a stream of calls."""
 
-    mode = "eager"
+    view = "eager"
 
     def __init__(self, ops_per_sample: int = EAGER_OPS_PER_SAMPLE) -> None:
         super().__init__()
@@ -107,7 +107,7 @@ class CudaBackToBackTimer(_CudaEvents):
 class CudaIsolatedTimer(_CudaEvents):
     """Events around one call on an idle stream: host launch and framework overhead included."""
 
-    mode = "isolated"
+    view = "isolated"
     ops_per_sample = 1
 
     def time_once(self, op: Op) -> float:
@@ -121,7 +121,7 @@ class CudaIsolatedTimer(_CudaEvents):
 class CudaGraphTimer(_CudaEvents):
     """Capture `ops_per_sample` calls in one CUDA graph; a sample is one replay divided by that count."""
 
-    mode = "graph"
+    view = "graph"
 
     def __init__(self, ops_per_sample: int = GRAPH_OPS_PER_SAMPLE) -> None:
         super().__init__()
@@ -158,7 +158,7 @@ class CudaGraphTimer(_CudaEvents):
         return self._elapsed_us() / self.ops_per_sample
 
 
-#: (device type, mode) -> timer factory. A mode with no timer for the device is not planned (graphs need CUDA).
+#: (device type, view) -> timer factory. A view with no timer for the device is not planned (graphs need CUDA).
 TIMERS: dict[tuple[str, str], Callable[[int], Timer]] = {
     ("cpu", "eager"): lambda nbytes: WallTimer("eager", max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))),
     ("cpu", "isolated"): lambda nbytes: WallTimer("isolated", 1),
@@ -168,13 +168,13 @@ TIMERS: dict[tuple[str, str], Callable[[int], Timer]] = {
 }
 
 
-def has_timer(device: torch.device, mode: str) -> bool:
-    return (device.type, mode) in TIMERS
+def has_timer(device: torch.device, view: str) -> bool:
+    return (device.type, view) in TIMERS
 
 
-def make_timer(device: torch.device, mode: str, nbytes: int) -> Timer:
+def make_timer(device: torch.device, view: str, nbytes: int) -> Timer:
     """The timer for one point: `nbytes` is the call's size, which some views size their samples by."""
     try:
-        return TIMERS[(device.type, mode)](nbytes)
+        return TIMERS[(device.type, view)](nbytes)
     except KeyError:
-        raise ValueError(f"no {mode!r} timer for {device.type} tensors; known: {sorted(TIMERS)}") from None
+        raise ValueError(f"no {view!r} timer for {device.type} tensors; known: {sorted(TIMERS)}") from None

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from arxtune.harness import timing
+from arxtune.runtime import timing
 from arxtune.harness.results import load_run
-from arxtune.harness.timing import CudaBackToBackTimer, CudaGraphTimer, CudaIsolatedTimer
+from arxtune.runtime.timing import CudaBackToBackTimer, CudaGraphTimer, CudaIsolatedTimer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -42,7 +42,7 @@ def test_all_three_views_agree_on_a_known_kernel():
     medians = {}
     for timer in (CudaIsolatedTimer(), CudaBackToBackTimer(ops_per_sample=5), CudaGraphTimer(ops_per_sample=5)):
         timer.prepare(op)
-        medians[timer.mode] = sorted(timer.time_once(op) for _ in range(21))[10]
+        medians[timer.view] = sorted(timer.time_once(op) for _ in range(21))[10]
     assert 150 < medians["isolated"] < 300, medians
     assert medians["eager"] == pytest.approx(medians["isolated"], rel=0.15)
     assert medians["graph"] == pytest.approx(medians["isolated"], rel=0.15)
@@ -54,7 +54,7 @@ def test_back_to_back_and_graphs_hide_the_launch_cost_of_tiny_ops():
     medians = {}
     for timer in (CudaIsolatedTimer(), CudaBackToBackTimer(), CudaGraphTimer()):
         timer.prepare(op)
-        medians[timer.mode] = sorted(timer.time_once(op) for _ in range(51))[25]
+        medians[timer.view] = sorted(timer.time_once(op) for _ in range(51))[25]
     assert medians["graph"] < medians["eager"] < medians["isolated"], medians
 
 
@@ -71,7 +71,7 @@ def test_a_process_replays_its_first_graphs_before_it_times_one(monkeypatch):
 def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     result = subprocess.run(
-        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,torch_nccl,symm_mem,symm_mem2,arx,gloo", "--modes", "eager,isolated,graph",
+        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,torch_nccl,symm_mem,symm_mem2,arx,gloo", "--views", "eager,isolated,graph",
          "--dtypes", "bfloat16,float32", "--min-bytes", "4KiB", "--max-bytes", "4MiB", "--step-factor", "16",
          "--point-budget-s", "0.05", "--out", str(tmp_path), "--run-id", "gpu", "--no-progress"],
         env=env, capture_output=True, text=True, timeout=600)
@@ -81,7 +81,7 @@ def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     frame = run.frame()
     for name in ("nccl", "torch_nccl"):  # NCCL called directly, and through torch.distributed
         rows = frame[frame.backend == name]
-        assert set(rows.status) == {"ok"} and set(rows["mode"]) == {"eager", "isolated", "graph"}, rows[["status", "error"]]
+        assert set(rows.status) == {"ok"} and set(rows["view"]) == {"eager", "isolated", "graph"}, rows[["status", "error"]]
         assert set(rows.op) == {"all_reduce", "all_gather", "reduce_scatter"}
     assert not run.meta.backends["gloo"]["available"]  # gloo times CPU tensors, not CUDA ones
     for name in ("symm_mem", "symm_mem2"):
@@ -144,7 +144,7 @@ def test_nccl_eager_samples_record_their_events_from_the_c_loop_around_their_lau
     medians = {}
     for timer in (CudaBackToBackTimer(ops_per_sample=5), CudaGraphTimer(ops_per_sample=5)):  # new events: created on first use
         timer.prepare(rotation)
-        medians[timer.mode] = sorted(timer.time_once(rotation) for _ in range(21))[10]
+        medians[timer.view] = sorted(timer.time_once(rotation) for _ in range(21))[10]
     assert 5 < medians["graph"] and medians["eager"] == pytest.approx(medians["graph"], rel=0.15), medians
     torch.cuda.synchronize()
     for out in outs:

@@ -91,7 +91,7 @@ comm = Communicator.from_env(elsewhere)
 check(comm, [("all_reduce", f32, 1 * KiB, False, "gloo")])
 comm.close()
 
-harness = [m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.timing", "arxtune.harness.calibrate", "pandas", "matplotlib") if m in sys.modules]
+harness = [m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.stats", "arxtune.harness.calibrate", "pandas", "matplotlib") if m in sys.modules]
 assert not harness, harness
 print("deployment ok", flush=True)
 dist.barrier()  # leave together: a rank tearing gloo down while a peer still talks to it can abort the peer

@@ -36,7 +36,7 @@ def test_one_calibrated_file_serves_a_tp2_and_a_tp3_job(tmp_path):
     sizes = [1 << k for k in range(10, 19)]
     limited = {"limited": {"options": {"max_bytes": 8 * KiB}, "capacity": {"reduce_scatter": 8 * KiB, "all_reduce": 8 * KiB}}}
     runs = [make_run(tmp_path, _latency(crossover), sizes, backends=("gloo", "counting", "capcounting", "limited"),
-                     ops=("all_reduce", "reduce_scatter"), world=world, run_id=f"w{world}", modes=("eager", "graph"),
+                     ops=("all_reduce", "reduce_scatter"), world=world, run_id=f"w{world}", views=("eager", "graph"),
                      status_extra=limited, hostnames=[socket.gethostname()] * world)
             for world, crossover in ((2, 8 * KiB), (3, 32 * KiB))]
     path = calibrate(runs).save(tmp_path / "thresholds.json")

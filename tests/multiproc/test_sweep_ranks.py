@@ -49,14 +49,14 @@ def test_sweep_calibrate_plot(tmp_path, world):
     assert run.meta.backends["arx"]["available"] is False and run.meta.backends["arx"]["reason"]
     frame = run.frame()
     gloo = frame[frame.backend == "gloo"]
-    assert len(gloo) == 3 * 2 * 3 * 2 and set(gloo.status) == {"ok"} and set(gloo["mode"]) == {"eager", "isolated"}
+    assert len(gloo) == 3 * 2 * 3 * 2 and set(gloo.status) == {"ok"} and set(gloo["view"]) == {"eager", "isolated"}
     assert (gloo.iters >= 10).all() and (gloo.median_us > 0).all()
     wrong = frame[(frame.backend == "offbyone") & (frame.op == "all_reduce")]
     assert set(wrong.status) == {"wrong"} and wrong.error.str.contains("rank 1").all()
     later = frame[(frame.backend == "laterwrong") & (frame.op == "all_reduce")]
     assert set(later.status) == {"wrong"}
     # Its call count carries over to the view timed next (isolated), whose first check then fails.
-    assert later[later["mode"] == "eager"].error.str.contains("rank 1: after timing").all()
+    assert later[later["view"] == "eager"].error.str.contains("rank 1: after timing").all()
     thresholds = load(tmp_path / "run" / "thresholds.json")
     assert not {"offbyone", "laterwrong"} & {r.backend for t in thresholds.tables if t.op == "all_reduce" for r in t.ranges}
     assert (tmp_path / "run" / "plot.png").stat().st_size > 10_000
@@ -64,7 +64,7 @@ def test_sweep_calibrate_plot(tmp_path, world):
 
 
 def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measured(tmp_path):
-    slow = ["--backends", "gloo", "--dtypes", "float32,bfloat16,float16", "--modes", "eager", "--min-bytes", "1KiB", "--max-bytes", "16KiB",
+    slow = ["--backends", "gloo", "--dtypes", "float32,bfloat16,float16", "--views", "eager", "--min-bytes", "1KiB", "--max-bytes", "16KiB",
             "--step-factor", "4", "--point-budget-s", "0.3", "--no-progress"]
     run = tmp_path / "run"
     points = run / POINTS_FILE

@@ -69,6 +69,7 @@ def test_large_and_binary_files_are_refused(tmp_path):
     (b"[sweep]\nstep_factor = nan\n", "step_factor must be a number greater than 1"),
     (b"[sweep]\nstep_factor = 1.000001\n", "at most 200"),
     (b"[sweep]\nmax_bytes = '4096GiB'\n", "above 16GiB"),
+    (b"[sweep]\nmax_bytes = '" + b"9" * 400 + b"'\n", "max_bytes of 400 digits is above 16GiB"),
     (b"[sweep]\nbackend_options = 'arx'\n", "backend_options must be a table"),
     (b"[sweep]\nbackend_options = {arx = 3}\n", "backend_options.arx must be a table"),
     (b"[sweep]\nwarmup_iters = true\n", "warmup_iters must be a whole number"),
@@ -110,7 +111,7 @@ def test_sweep_out_that_cannot_hold_runs(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("damage, needle", [
-    ("meta list", "must hold an object"),
+    ("meta list", "meta.json must be an object"),
     ("meta binary", "not UTF-8"),
     ("points binary", "not UTF-8"),
     ("nan sample", "samples must be positive"),
@@ -212,3 +213,167 @@ def test_resume_refuses_before_launching(crossover_run, tmp_path, monkeypatch):
     meta["config"] = {"colour": "blue"}
     (path / "meta.json").write_text(json.dumps(meta))
     assert _snapshot(path) == before
+
+
+# Round two (issue 27): one regression test per class; the fuzzers (test_fuzz_*.py) generate the rest.
+
+def _no_torchrun(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_calibrate_never_writes_over_its_input_or_a_special_file(crossover_run, tmp_path):
+    path = crossover_run.path
+    (tmp_path / "notes.txt").write_text("mine")
+    fifo = _fifo(tmp_path, "fifo.json")
+    before = _snapshot(path)
+    assert "is an input of this command" in one_line_error("calibrate", path, "--out", path / POINTS_FILE)
+    assert "is an input of this command" in one_line_error("calibrate", path, "--out", path / "meta.json")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "points.csv").write_text("someone else's run")
+    assert "is part of the run in" in one_line_error("calibrate", path, "--out", other / "points.csv")
+    assert (other / "points.csv").read_text() == "someone else's run"
+    assert "is a FIFO" in one_line_error("calibrate", path, "--out", fifo)
+    assert "is a device" in one_line_error("calibrate", path, "--out", "/dev/null")
+    assert "not a file of that kind" in one_line_error("calibrate", path, "--out", tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "mine" and fifo.exists() and _snapshot(path) == before
+
+
+def test_calibrate_install_checks_its_target_before_writing_anything(crossover_run, tmp_path, monkeypatch):
+    path = crossover_run.path
+    assert runner.invoke(app, ["calibrate", str(path), "--margin", "0.5"]).exit_code == 0
+    before = _snapshot(path)
+    (tmp_path / "target").mkdir()
+    monkeypatch.setenv("ARXTUNE_THRESHOLDS", str(tmp_path / "target"))
+    assert "install target" in one_line_error("calibrate", path, "--install")
+    assert _snapshot(path) == before  # the margin-0.5 file is still there
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("margin", float("nan"), "NaN is not a number a file may hold"), ("margin", -1, "margin must be a finite number at least 0"), ("baseline", "carrier-pigeon", "baseline 'carrier-pigeon' is not a name"),
+    ("tables.0.ranges.0.backend", "warp", "backend 'warp' is unknown"), ("tables.0.ranges.0.backend", 5, "must be a string"),
+    ("tables.0.ranges.1.lo", "4096", "must be a whole number"), ("tables.0.world_size", 1e999, "Infinity is not a number a file may hold"), ("tables.0.world_size", 2.5, "must be a whole number"),
+    ("models.0.alpha_us", "fast", "alpha_us must be a number"), ("tables.0.ranges.1.lo", 10 ** 400, "outside"),
+    ("backend_setup.gloo.capacity.all_reduce", "lots", "must be a whole number"),
+])
+def test_malformed_thresholds_are_one_format_error_everywhere(tmp_path, field, value, needle):
+    from arxtune.harness.calibrate import calibrate
+    from helpers.runs import make_run
+
+    run = make_run(tmp_path, lambda b, n: 5 + n / 1000 if b == "fast" else 50 + n / 4000, [1 << k for k in range(10, 16)],
+                   status_extra={"gloo": {"capacity": {"all_reduce": 1 << 20}}})
+    data = calibrate(run).to_dict()
+    data["backend_setup"] = {"gloo": {"options": {}, "capacity": {"all_reduce": 1 << 20}}}
+    parent, *path, last = [data, *field.split(".")]
+    for key in path:
+        parent = parent[int(key) if key.isdigit() else key]
+    parent[int(last) if last.isdigit() else last] = value
+    target = tmp_path / "bad.json"
+    target.write_text(json.dumps(data))
+    assert needle in one_line_error("show", target)
+    thresholds, _, why = read_thresholds(2, target)  # the runtime: a reason to warn about, never an exception
+    assert thresholds is None and needle in why
+
+
+@pytest.mark.parametrize("text", ["[" * 100000 + "]" * 100000, '{"kind": "arxtune-thresholds", "version": ' + "9" * 5000 + "}",
+                                  '{"kind": "arxtune-thresholds", "version": NaN}'])
+def test_hostile_json_is_one_line(tmp_path, text):
+    target = tmp_path / "t.json"
+    target.write_text(text)
+    assert one_line_error("show", target).startswith("arxtune: error:")
+    assert read_thresholds(2, target)[0] is None
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"backends": {"gloo": 5}}, "backends.gloo must be an object"), ({"config": {"step_factor": "abc"}}, "step_factor must be a number"),
+    ({"config": {"step_factor": 0}}, "step_factor must be a finite number above 1"), ({"world_size": 1e999}, "Infinity is not a number a file may hold"), ({"world_size": 1e300}, "world_size must be a whole number"),
+    ({"backends": {"gloo": {"available": True, "capacity": {"all_reduce": "lots"}}}}, "capacity.all_reduce must be a whole number"),
+])
+def test_malformed_meta_is_one_line_for_every_command(crossover_run, tmp_path, change, needle):
+    path = crossover_run.path
+    meta = json.loads((path / "meta.json").read_text())
+    meta.update(change)
+    (path / "meta.json").write_text(json.dumps(meta))
+    before = _snapshot(path)
+    for command in (["show", path], ["calibrate", path], ["plot", path], ["compare", path, path], ["sweep", "--resume", path]):
+        assert needle in one_line_error(*command)
+    assert _snapshot(path) == before
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--nproc-per-node", "0"], "--nproc-per-node 0 must be between 1"), (["--nproc-per-node", "-1"], "--nproc-per-node -1 must be between 1"),
+    (["--run-id", "../escaped"], "must be a plain name"), (["--views", "graph"], "none of the views asked for (graph)"),
+    (["--backends", "nccl"], "none of the backends asked for can run on this machine (nccl:"),
+    (["--nnodes", "2", "--rdzv-endpoint", "host"], "must be HOST:PORT"), (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank 2"),
+])
+def test_sweeps_that_cannot_run_are_refused_before_launching(tmp_path, monkeypatch, flags, needle):
+    _no_torchrun(monkeypatch)
+    assert needle in one_line_error("sweep", *flags, "--out", tmp_path)
+    assert list(tmp_path.iterdir()) == [] and not (tmp_path.parent / "escaped").exists()
+
+
+def test_sweep_out_must_be_a_folder_of_runs(crossover_run, monkeypatch):
+    _no_torchrun(monkeypatch)
+    before = _snapshot(crossover_run.path)
+    assert "is a run directory" in one_line_error("sweep", "--out", crossover_run.path)
+    assert "is empty" in one_line_error("sweep", "--out", "")
+    assert _snapshot(crossover_run.path) == before and [p.name for p in crossover_run.path.iterdir() if p.is_dir()] == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--margin", "nan"], "--margin must be a number from 0"), (["--margin", "-0.1"], "--margin must be a number from 0"),
+    (["--tolerance", "-1"], "--tolerance must be a number from 0"), (["--min-agreement", "nan"], "--min-agreement must be a fraction"),
+    (["--baseline", "unknown"], "--baseline 'unknown' was not measured"),
+])
+def test_compare_refuses_what_calibrate_refuses(tmp_path, args, needle):
+    from helpers.runs import make_run
+
+    crossover = lambda b, n: 5 + n / 1000 if b == "fast" else 50 + n / 4000  # noqa: E731
+    a = make_run(tmp_path / "a", crossover, [1024, 2048, 4096], run_id="a")
+    b = make_run(tmp_path / "b", crossover, [1024, 2048, 4096], run_id="b")
+    assert needle in one_line_error("compare", a.path, b.path, *args)
+
+
+def test_comparing_a_run_with_itself_is_refused(crossover_run, tmp_path):
+    assert "a run agrees with itself" in one_line_error("compare", crossover_run.path, crossover_run.path)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("meta.json", POINTS_FILE):
+        (copy / name).write_bytes((crossover_run.path / name).read_bytes())
+    assert "a run agrees with itself" in one_line_error("compare", crossover_run.path, copy)
+
+
+def test_environment_variables_with_fixed_values_refuse_others(monkeypatch):
+    from arxtune.runtime import env
+    from arxtune.runtime.router import open_router
+
+    for value in ("strcit", "1"):
+        monkeypatch.setenv("ARXTUNE_FINGERPRINT", value)
+        with pytest.raises(ArxtuneError, match=f"ARXTUNE_FINGERPRINT='{value}' is not one of warn, strict"):
+            env.FINGERPRINT.get()
+        assert "ARXTUNE_FINGERPRINT" in one_line_error("doctor")
+    monkeypatch.setenv("ARXTUNE_FINGERPRINT", "STRICT")
+    assert env.FINGERPRINT.get() == "STRICT" and env.problems() == []
+    monkeypatch.setattr("arxtune.runtime.backends.EXTRA_PROBLEMS", ["'junk' must look like name=package.module:Class"])
+    with pytest.raises(ArxtuneError, match="ARXTUNE_EXTRA_BACKENDS"):
+        open_router(None, None, "gloo", lambda name: True)  # the communicator's and the plugin's start-up path
+    assert "ARXTUNE_EXTRA_BACKENDS" in one_line_error("doctor")
+
+
+def test_symlink_loops_are_not_reported_as_missing(tmp_path):
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    for command in (["show", loop], ["calibrate", loop], ["plot", loop], ["sweep", "--config", loop]):
+        line = one_line_error(*command)
+        assert "symbolic links" in line and "not found" not in line
+
+
+def test_plot_names_an_unknown_or_absent_view(crossover_run):
+    assert "unknown view 'bogus'; known: eager, isolated, graph" in one_line_error("plot", crossover_run.path, "--view", "bogus")
+    assert "has no correct points in the graph view (it has: eager)" in one_line_error("plot", crossover_run.path, "--mode", "graph")
+
+
+def test_flags_typer_cannot_parse_are_one_line(crossover_run):
+    assert "Invalid value for '--margin'" in one_line_error("calibrate", crossover_run.path, "--margin", "abc")
+    assert "No such option" in one_line_error("show", crossover_run.path, "--colour")

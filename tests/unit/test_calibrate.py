@@ -156,7 +156,7 @@ def test_eager_and_graph_tables_from_one_run(tmp_path):
     def latency(b, n, mode, op):  # in graphs 'fast' wins everywhere; eagerly only small sizes
         return 1.0 if (b == "fast" and mode == "graph") else _crossover(8192)(b, n)
 
-    t = calibrate(make_run(tmp_path, latency, SIZES, modes=("eager", "graph")))
+    t = calibrate(make_run(tmp_path, latency, SIZES, views=("eager", "graph")))
     assert {tb.mode for tb in t.tables} == {"eager", "graph"}
     assert FileRoutes(t, 2, mode="graph").choose("all_reduce", torch.float32, 1 << 19) == "fast"
     assert FileRoutes(t, 2, mode="eager").choose("all_reduce", torch.float32, 1 << 19) == "gloo"
@@ -167,7 +167,7 @@ def test_the_eager_table_can_come_from_another_view(tmp_path):
     def latency(b, n, mode, op):
         return 1.0 if (b == "fast" and mode == "isolated") else _crossover(8192)(b, n)
 
-    run = make_run(tmp_path, latency, SIZES, modes=("eager", "isolated"))
+    run = make_run(tmp_path, latency, SIZES, views=("eager", "isolated"))
     default = calibrate(run)
     assert default.table("all_reduce", "float32", 2).view == "eager"
     isolated = calibrate(run, views={"eager": "isolated"})

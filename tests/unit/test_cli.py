@@ -94,3 +94,10 @@ def test_bad_config_fails_before_launching(tmp_path, monkeypatch):
 def test_help_has_examples():
     result = invoke("sweep", "--help")
     assert result.exit_code == 0 and "torchrun" in result.output
+
+
+def test_modes_is_the_old_name_of_views():
+    """--modes still reaches the same check as --views; the two together are refused."""
+    assert "unknown view(s) bogus" in _one_line_error(invoke("sweep", "--modes", "bogus"))
+    assert "unknown view(s) bogus" in _one_line_error(invoke("sweep", "--views", "bogus"))
+    assert "old name of --views" in _one_line_error(invoke("sweep", "--views", "eager", "--modes", "eager"))

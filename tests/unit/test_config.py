@@ -52,3 +52,12 @@ def test_bad_configs_say_what_is_wrong(tmp_path, body, needle):
 def test_missing_config(tmp_path):
     with pytest.raises(ArxtuneError, match="not found"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_the_old_modes_key_is_read_as_views(tmp_path):
+    path = tmp_path / "old.toml"
+    path.write_text('[sweep]\nmodes = ["eager"]\n')
+    assert load_config(path).views == ("eager",)
+    path.write_text('[sweep]\nmodes = ["eager"]\nviews = ["graph"]\n')
+    with pytest.raises(ArxtuneError, match="old name of views"):
+        load_config(path)

@@ -101,7 +101,7 @@ def test_unknown_version_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize("damage, needle", [
     ("header", "unexpected columns"),
-    (",ok,->,maybe,", "points.csv:3: unknown op, dtype, mode or status"),
+    (",ok,->,maybe,", "points.csv:3: unknown op, dtype, view or status"),
     (",float32,->,float99,", "points.csv:3: unknown op"),
     (",2048,2048,->,-2048,-2048,", "points.csv:3: sizes must be positive"),
     (",2,ok,->,3,ok,", "points.csv:3: world size 3"),
@@ -142,9 +142,9 @@ def test_corrupt_points_are_rejected_naming_the_line(tmp_path, damage, needle):
 
 @pytest.mark.parametrize("meta_text, needle", [
     ("{not json", "not valid JSON"),
-    ("[1, 2]", "must hold an object"),
-    ("world_size two", "world_size has the wrong type"),
-    ("hostnames 5", "hostnames has the wrong type"),
+    ("[1, 2]", "meta.json must be an object"),
+    ("world_size two", "world_size must be a whole number, not 'two'"),
+    ("hostnames 5", "hostnames must be a list, not 5"),
 ])
 def test_corrupt_meta_is_rejected(tmp_path, meta_text, needle):
     run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
@@ -198,3 +198,23 @@ def test_a_version_1_run_is_refused_with_what_to_do(tmp_path):
     (run.path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(FormatError, match="version 1 is not supported.*re-run the sweep"):
         load_run(run.path)
+
+
+def test_a_version_2_run_is_read_and_resumed_in_its_own_format(tmp_path):
+    """Version 2 called the timing view `mode` (points.csv column, config key); it still loads and resumes."""
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048], backends=("gloo",), finished=False)
+    meta_path, points = run.path / "meta.json", run.path / POINTS_FILE
+    meta = json.loads(meta_path.read_text())
+    meta.update(version=2, config={"modes": ["eager"], "step_factor": 2.0})
+    meta_path.write_text(json.dumps(meta))
+    points.write_bytes(points.read_bytes().replace(b",view,", b",mode,", 1))
+    old = load_run(run.path)
+    assert old.meta.version == 2 and [r.view for r in old.records] == ["eager", "eager"]
+    assert list(old.frame()["view"]) == ["eager", "eager"]
+    writer = RunWriter.resume(run.path)
+    writer.append(PointRecord("gloo", "all_reduce", "float32", "eager", 4096, 4096, 2, "ok", (1.0,)))
+    writer.write_meta()
+    writer.close()
+    again = load_run(run.path)
+    assert again.meta.version == 2 and [r.size for r in again.records] == [1024, 2048, 4096]
+    assert points.read_bytes().startswith(b"backend,op,dtype,mode,")

@@ -115,7 +115,7 @@ def test_rotating_op_uses_each_pair_in_turn_and_a_backends_bind():
 def test_cpu_views_eager_times_calls_back_to_back_and_isolated_one_call():
     import time
 
-    from arxtune.harness.timing import EAGER_OPS_PER_SAMPLE, make_timer
+    from arxtune.runtime.timing import EAGER_OPS_PER_SAMPLE, make_timer
 
     calls: list[int] = []
 
@@ -125,9 +125,9 @@ def test_cpu_views_eager_times_calls_back_to_back_and_isolated_one_call():
 
     cpu = torch.device("cpu")
     assert [make_timer(cpu, "eager", n).ops_per_sample for n in (1024, 256 << 10, 1 << 20, 16 << 20)] == [EAGER_OPS_PER_SAMPLE, 4, 1, 1]
-    for mode, count in (("eager", EAGER_OPS_PER_SAMPLE), ("isolated", 1)):
-        timer = make_timer(cpu, mode, 1024)
+    for view, count in (("eager", EAGER_OPS_PER_SAMPLE), ("isolated", 1)):
+        timer = make_timer(cpu, view, 1024)
         calls.clear()
         per_call_us = timer.time_once(op)
-        assert (timer.mode, timer.ops_per_sample, len(calls)) == (mode, count, count)
+        assert (timer.view, timer.ops_per_sample, len(calls)) == (view, count, count)
         assert 1000 <= per_call_us < 1000 * EAGER_OPS_PER_SAMPLE  # per call, not per sample

@@ -84,7 +84,7 @@ def test_constructing_the_communicator_imports_no_harness():
             "dist.init_process_group('gloo', rank=0, world_size=1)\n"
             "from arxtune.runtime.communicator import Communicator\n"
             "comm = Communicator.from_env(sys.argv[1])\n"
-            "print(sorted(m for m in ('pandas', 'matplotlib', 'arxtune.harness.sweep', 'arxtune.harness.results', 'arxtune.harness.timing', 'arxtune.harness.calibrate') if m in sys.modules))\n")
+            "print(sorted(m for m in ('pandas', 'matplotlib', 'arxtune.harness.sweep', 'arxtune.harness.results', 'arxtune.harness.stats', 'arxtune.harness.calibrate') if m in sys.modules))\n")
     result = subprocess.run([sys.executable, "-c", code, "missing.json"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -37,13 +37,13 @@ def test_lookup_bounds_and_unknown_keys():
     (lambda d: d.update(kind="other"), "not an arxtune thresholds file"),
     (lambda d: d["tables"][0]["ranges"].pop(0), "cover 0 bytes"),
     (lambda d: d["tables"][0]["ranges"][1].update(lo=5000), "gap or overlap"),
-    (lambda d: d["tables"][0].update(op="all_to_all"), "unknown mode, op"),
-    (lambda d: d["tables"][0].update(mode="prefill"), "unknown mode, op"),
-    (lambda d: d.pop("runs"), "malformed"),
-    (lambda d: d["backend_setup"].update(arx={"capacity": {"all_to_all": 5}}), "capacity names an unknown op"),
+    (lambda d: d["tables"][0].update(op="all_to_all"), r"tables\[0\].op 'all_to_all' is unknown"),
+    (lambda d: d["tables"][0].update(mode="prefill"), r"tables\[0\].mode 'prefill' is unknown"),
+    (lambda d: d.pop("runs"), "file lacks runs"),
+    (lambda d: d["backend_setup"].update(arx={"capacity": {"all_to_all": 5}}), "backend_setup.arx.capacity 'all_to_all' is unknown"),
     (lambda d: d["tables"].append(dict(d["tables"][0])), "appears twice"),
-    (lambda d: d["tables"][0]["ranges"][0].pop("backend"), "malformed"),
-    (lambda d: d.pop("provenance"), "malformed"),
+    (lambda d: d["tables"][0]["ranges"][0].pop("backend"), r"tables\[0\].ranges\[0\] lacks backend"),
+    (lambda d: d.pop("provenance"), "file lacks provenance"),
 ])
 def test_validation(mutate, needle):
     data = json.loads(json.dumps(_thresholds().to_dict()))

@@ -25,7 +25,7 @@ def vllm_has_shm_kernels() -> bool:
 
 
 def test_sweep_with_vllm_cpu_then_calibrate_against_it(tmp_path):
-    sweep = arxtune("sweep", "--backends", "gloo,vllm_cpu", "--ops", "all_reduce,all_gather,reduce_scatter", "--modes", "eager",
+    sweep = arxtune("sweep", "--backends", "gloo,vllm_cpu", "--ops", "all_reduce,all_gather,reduce_scatter", "--views", "eager",
                     "--dtypes", "float32", "--min-bytes", "1KiB", "--max-bytes", "64KiB", "--step-factor", "8",
                     "--point-budget-s", "0.02", "--out", str(tmp_path), "--run-id", "vllm-cpu", "--no-progress",
                     cwd=tmp_path)

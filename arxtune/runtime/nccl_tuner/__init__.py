@@ -93,3 +93,12 @@ def tuner_csv(thresholds: Thresholds, mode: str = "eager", dtype: str | None = N
             lines.append(",".join(map(str, fields)))
             rules += 1
     return TunerExport("\n".join(lines) + "\n", rules, mode, chosen)
+
+
+def is_tuner_file(path: Path) -> bool:
+    """Whether an existing file is a policy file this module wrote, which a new export may replace."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(64).startswith(b"# arxtune NCCL tuner policy")
+    except OSError:
+        return False

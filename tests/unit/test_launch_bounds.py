@@ -1,0 +1,79 @@
+"""The launcher's own bounds: a job that never forms, and a failed job with a rank that cannot be stopped."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from arxtune.harness import launch
+
+#: Stands in for torchrun: says the group formed, starts a "rank" that freezes itself, reports a rank's
+#: error and then, like torchrun stopping a frozen rank, waits 30 s on a SIGTERM that never lands.
+FROZEN_JOB = r"""
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+rank = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"])
+print(rank.pid, flush=True)
+print("arxtune: joined", file=sys.stderr, flush=True)
+print("arxtune: error: rank 1 did not answer within 3 s", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+NEVER_FORMS = r"""
+import time
+time.sleep(60)
+"""
+
+
+def _plan(timeout_s: float) -> launch.LaunchPlan:
+    return launch.LaunchPlan(nproc_per_node=1, timeout_s=timeout_s)
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_job_with_a_frozen_rank_ends_within_the_grace(monkeypatch, capfd):
+    monkeypatch.setattr(launch, "torchrun_command", lambda plan, args: [sys.executable, "-c", FROZEN_JOB])
+    started = time.monotonic()
+    result = launch.run_under_torchrun(_plan(120.0), [])
+    took = time.monotonic() - started
+    assert took < launch.FAILED_GRACE_S + 10, took  # not torchrun's 30 s
+    assert result.code != 0 and result.errors == ["rank 1 did not answer within 3 s"]
+    frozen = int(capfd.readouterr().out.split()[0])
+    time.sleep(0.5)
+    assert _state(frozen) in ("gone", "Z")  # the frozen rank went with the job (a zombie until its new parent reaps it)
+
+
+def _state(pid: int) -> str:
+    try:
+        text = open(f"/proc/{pid}/stat").read()
+    except FileNotFoundError:
+        return "gone"
+    return text[text.rfind(")") + 2]
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_never_forms_ends_at_the_timeout_naming_what_never_came(monkeypatch):
+    monkeypatch.setattr(launch, "START_MARGIN_S", 0)
+    monkeypatch.setattr(launch, "torchrun_command", lambda plan, args: [sys.executable, "-c", NEVER_FORMS])
+    plan = launch.LaunchPlan(nproc_per_node=1, nnodes=2, rdzv_endpoint="node0:29500", timeout_s=2.0)
+    started = time.monotonic()
+    result = launch.run_under_torchrun(plan, [])
+    assert time.monotonic() - started < 10
+    assert result.code != 0
+    assert result.errors == ["the rendezvous at node0:29500 did not complete within timeout_s (2 s): not all 2 nodes came (--nnodes); nothing was measured"]
+
+
+def test_the_rendezvous_is_bounded_by_the_sweeps_timeout():
+    args = launch.LaunchPlan(nproc_per_node=1, nnodes=2, rdzv_endpoint="h:29500", timeout_s=7.5).torchrun_args()
+    assert args[args.index("--rdzv-conf") + 1] == "join_timeout=8,read_timeout=8"
+
+
+@pytest.mark.parametrize("plan, needle", [
+    (launch.LaunchPlan(nproc_per_node=0), "--nproc-per-node 0"), (launch.LaunchPlan(nnodes=0), "--nnodes 0"),
+    (launch.LaunchPlan(nnodes=2, node_rank=-1, rdzv_endpoint="h:1"), "--node-rank -1"),
+    (launch.LaunchPlan(nnodes=2, rdzv_endpoint="h:0"), "HOST:PORT"), (launch.LaunchPlan(nnodes=2, rdzv_endpoint=":80"), "HOST:PORT"),
+])
+def test_plans_torchrun_would_misread_are_refused(plan, needle):
+    with pytest.raises(launch.ArxtuneError, match=needle):
+        plan.torchrun_args()

@@ -17,7 +17,7 @@ from helpers.routes import FileRoutes
 
 
 def engine(arm: str, step_s: float, tokens=((5, 6, 7), (8, 9, 10)), rounds: int = 3, calls=None) -> dict:
-    """An engine record as arxtune.harness.e2e_engine writes it: every request's decode step takes step_s."""
+    """An engine record as arxtune.harness.e2e.child writes it: every request's decode step takes step_s."""
     rnds = []
     for r in range(rounds):
         t0 = 100.0 * r

@@ -1,8 +1,8 @@
 """One vLLM engine of an `arxtune e2e` comparison (a child process: vLLM spawns workers).
 
-    python -m arxtune.harness.e2e_engine SPEC.json OUT.json
+    python -m arxtune.harness.e2e.child SPEC.json OUT.json
 
-SPEC (written by arxtune.harness.e2e) names the model, the engine arguments, the
+SPEC (written by arxtune.harness.e2e.engine) names the model, the engine arguments, the
 prompts as token ids and how many rounds to generate. The arm (vLLM as it is,
 the thresholds, one backend forced) is chosen by the environment the parent
 gives this process (ARXTUNE_VLLM_DISABLE / ARXTUNE_THRESHOLDS), so every arm

@@ -1,0 +1,140 @@
+"""The comparison's numbers: per-arm statistics from the engines' timestamps, and e2e.json written and read back checked."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+from arxtune.harness.e2e.config import BASELINE_ARM, E2E_VERSION, KIND, Arm, E2EConfig
+from arxtune.harness.stats import summarize
+from arxtune.runtime import schema
+from arxtune.runtime.errors import ArxtuneError, FormatError
+from arxtune.runtime.fileio import read_text, write_text_atomic
+
+def _round_samples(rounds: list[list[dict]]) -> tuple[list[float], list[float]]:
+    """(decode us per token, prefill us) per round: the median request's, the batch's."""
+    decode, prefill = [], []
+    for requests in rounds:
+        per_token = sorted((r["last_token_ts"] - r["first_token_ts"]) / (r["generated"] - 1) for r in requests)
+        decode.append(per_token[len(per_token) // 2] * 1e6)
+        prefill.append((max(r["first_token_ts"] for r in requests) - min(r["scheduled_ts"] for r in requests)) * 1e6)
+    return decode, prefill
+
+
+def _tokens(engine: dict) -> list[list[list[int]]]:
+    return [[r["token_ids"] for r in requests] for requests in engine["rounds"]]
+
+
+def summarize_arms(arms: list[str], engines: list[dict]) -> dict:
+    """Per arm: decode and prefill summaries, summed call counts per TP worker, tokens vs the reference."""
+    reference = next((_tokens(e)[0] for e in engines if e["arm"] == BASELINE_ARM), None)
+    summary = {}
+    for arm in arms:
+        mine = [e for e in engines if e["arm"] == arm]
+        if not mine:
+            continue
+        decode, prefill = [], []
+        workers: dict[int, Counter] = {}
+        for engine in mine:
+            d, p = _round_samples(engine["rounds"])
+            decode += d
+            prefill += p
+            for w in engine["workers"]:
+                workers.setdefault(w["tp_rank"], Counter()).update(w["calls"] or {})
+        tokens = [rounds for e in mine for rounds in _tokens(e)]
+        summary[arm] = {
+            "engines": len(mine), "decode_us_per_token": decode, "prefill_us": prefill,
+            "decode": asdict(summarize(decode)), "prefill": asdict(summarize(prefill)),
+            "calls": {str(rank): dict(sorted(c.items())) for rank, c in sorted(workers.items())},
+            "plugin": any(w["calls"] is not None for e in mine for w in e["workers"]),
+            "tokens_identical": reference is not None and all(t == reference for t in tokens),
+        }
+    return summary
+
+
+def ratio(arm: dict, base: dict) -> dict:
+    """Median decode time per token of `arm` over `base`, with a conservative interval from both medians' intervals."""
+    a, b = arm["decode"], base["decode"]
+    return {"median": a["median_us"] / b["median_us"], "low": a["ci_low_us"] / b["ci_high_us"], "high": a["ci_high_us"] / b["ci_low_us"]}
+
+
+def _provenance() -> dict:
+    versions = {}
+    for module in ("torch", "vllm"):
+        try:
+            versions[module] = __import__(module).__version__
+        except Exception as exc:  # recorded, not fatal: the engines report their own failure
+            versions[module] = f"unavailable ({type(exc).__name__})"
+    from arxtune import __version__
+
+    return {"host": platform.node(), "python": sys.executable, "arxtune": __version__, **versions,
+            "command": " ".join(["arxtune", *sys.argv[1:]])}
+
+
+def write_result(run_dir: Path, cfg: E2EConfig, arms: list[Arm], engines: list[dict], started: str, finished: str | None) -> dict:
+    summary = summarize_arms([a.name for a in arms], engines)
+    ratios = {arm: ratio(s, summary[BASELINE_ARM]) for arm, s in summary.items() if arm != BASELINE_ARM and BASELINE_ARM in summary}
+    result = {"kind": KIND, "version": E2E_VERSION, "config": asdict(cfg), "provenance": _provenance(),
+              "started": started, "finished": finished, "arms": [asdict(a) for a in arms],
+              "order": [e["arm"] for e in engines], "summary": summary, "ratio_vs_vllm": ratios,
+              "engines": [{"arm": e["arm"], "startup_s": e["startup_s"], "workers": e["workers"]} for e in engines]}
+    write_text_atomic(run_dir / "e2e.json", json.dumps(result, indent=2) + "\n", "e2e result")
+    return result
+
+
+def _summary_entry(value, where: str) -> dict:
+    """One arm's summary, as report_lines reads it."""
+    s = schema.table(value, where)
+    for part, keys in (("decode", ("median_us", "ci_low_us", "ci_high_us")), ("prefill", ("median_us",))):
+        stats = schema.table(s.get(part), f"{where}.{part}")
+        for key in keys:
+            schema.number(stats.get(key), f"{where}.{part}.{key}")
+    if not isinstance(s.get("tokens_identical"), bool) or not isinstance(s.get("plugin", False), bool):
+        raise FormatError(f"{where}.tokens_identical and .plugin must be true or false")
+    for rank, calls in schema.table(s.get("calls"), f"{where}.calls").items():
+        for backend, count in schema.table(calls, f"{where}.calls.{rank}").items():
+            schema.integer(count, f"{where}.calls.{rank}.{backend}")
+    return s
+
+
+def _ratio_entry(value, where: str) -> dict:
+    r = schema.table(value, where)
+    for key in ("median", "low", "high"):
+        schema.number(r.get(key), f"{where}.{key}")
+    return r
+
+
+def load_result(path: str | Path) -> dict:
+    """e2e.json (or a directory holding it), checked field by field: what report_lines reads is there and well typed."""
+    path = Path(path)
+    path = path / "e2e.json" if path.is_dir() else path
+    try:
+        data = schema.table(schema.parse_json(read_text(path, "e2e result"), str(path)), "the file")
+        if data.get("kind") != KIND or isinstance(data.get("version"), bool) or data.get("version") != E2E_VERSION:
+            raise FormatError(f"not an e2e result of version {E2E_VERSION}")
+        for arm, entry in schema.table(data.get("summary"), "summary").items():
+            _summary_entry(entry, f"summary.{arm}")
+        for arm, entry in schema.table(data.get("ratio_vs_vllm"), "ratio_vs_vllm").items():
+            _ratio_entry(entry, f"ratio_vs_vllm.{arm}")
+    except ArxtuneError as exc:
+        raise FormatError(f"{path}: {str(exc).removeprefix(str(path) + ': ')}; re-run `arxtune e2e`") from None
+    return data
+
+
+def report_lines(result: dict) -> list[str]:
+    """The comparison as printed: one line per arm, then the ratio to vLLM's default."""
+    lines = [f"{'arm':<14}{'decode ms/token, median [95% CI]':<36}{'prefill ms':<12}{'tokens':<12}calls per TP worker"]
+    for arm, s in result["summary"].items():
+        d, p = s["decode"], s["prefill"]
+        tokens = "reference" if arm == BASELINE_ARM else ("identical" if s["tokens_identical"] else "DIFFERENT")
+        calls = "; ".join(f"tp{rank}: " + ", ".join(f"{k} {n}" for k, n in c.items()) for rank, c in s["calls"].items() if c)
+        decode = f"{d['median_us'] / 1e3:.3f} [{d['ci_low_us'] / 1e3:.3f}, {d['ci_high_us'] / 1e3:.3f}]"
+        calls = calls or ("nothing routed" if s.get("plugin") else "plugin off")
+        lines.append(f"{arm:<14}{decode:<36}{p['median_us'] / 1e3:<12.3f}{tokens:<12}{calls}")
+    for arm, r in result["ratio_vs_vllm"].items():
+        lines.append(f"{arm} vs vLLM default: decode time per token x{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (< 1 is faster)")
+    return lines

@@ -8,12 +8,16 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
 
-# The fuzzers (tests/unit/test_fuzz_*.py) bound their own example counts; CI replays the same examples every run.
-settings.register_profile("ci", derandomize=True, print_blob=True)
-settings.register_profile("dev", print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+try:  # the vLLM tier's venv has no hypothesis; the fuzzers, which need it, import it themselves
+    from hypothesis import settings
+except ImportError:
+    settings = None
+if settings is not None:
+    # The fuzzers (tests/unit/test_fuzz_*.py) bound their own example counts; CI replays the same examples every run.
+    settings.register_profile("ci", derandomize=True, print_blob=True)
+    settings.register_profile("dev", print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from arxtune.runtime import backends
 from helpers.runs import make_run
@@ -37,7 +41,7 @@ def pytest_terminal_summary(terminalreporter):
 #: The backends synthetic runs and hand-made files name, registered as a site would (ARXTUNE_EXTRA_BACKENDS),
 #: since a thresholds file may name only backends the process knows.
 TEST_BACKENDS = ("fast", "faster", "quick", "x", "y", "graphy", "counting", "capcounting", "limited", "smallonly", "offbyone", "dies",
-                 "laterwrong")
+                 "laterwrong", "tagged", "slowabove", "hangs")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -38,14 +38,22 @@ def build() -> Path:
     return _native.build(SOURCE)
 
 
-def load():
-    """The loop's entry point, or None (with the reason on stderr) where it cannot be built."""
+def open_loop(source: Path, what: str):
+    """A proxy loop's compiled library, or None where ARXTUNE_ARXG_NATIVE=0 or it cannot be built (`what` says
+    which loop and what it needs, once, on stderr: the proxy then keeps its Python loop)."""
     if env.ARXG_NATIVE.get() == "0":
         return None
     try:
-        lib = ctypes.CDLL(str(build()))
+        return ctypes.CDLL(str(_native.build(source)))
     except (OSError, subprocess.SubprocessError) as exc:
-        print(f"arxg: the proxy's C loop is unavailable ({exc}); using the Python loop", file=sys.stderr)
+        print(f"arxg: {what} is unavailable ({exc}); using the Python loop", file=sys.stderr)
+        return None
+
+
+def load():
+    """The loop's entry point, or None (with the reason on stderr) where it cannot be built."""
+    lib = open_loop(SOURCE, "the proxy's C loop")
+    if lib is None:
         return None
     fn = lib.arxg_serve_shm
     i64 = ctypes.c_int64

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from arxtune.runtime import env
 from arxtune.runtime import native as _native
 from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout
+from arxtune.runtime.rdma.graph.native import open_loop
 from arxtune.runtime.rdma.graph.segment import BELLS, DESC, DOORBELL, HEARTBEAT, OP_NAMES, PARTS, SENT, Segment
 from arxtune.runtime.rdma.protocol import FLAG_BYTES, Layout, stripes
 
@@ -99,13 +97,8 @@ def build() -> Path:
 
 def load():
     """The compiled library with its signatures set, or None (with the reason on stderr)."""
-    if env.ARXG_NATIVE.get() == "0":
-        return None
-    try:
-        lib = ctypes.CDLL(str(build()))
-    except (OSError, subprocess.SubprocessError) as exc:
-        print(f"arxg: the verbs proxy's C loop is unavailable ({exc}; it needs libibverbs-dev); "
-              "using the Python loop", file=sys.stderr)
+    lib = open_loop(SOURCE, "the verbs proxy's C loop (it needs libibverbs-dev)")
+    if lib is None:
         return None
     lib.arxg_serve_verbs.restype = i64
     lib.arxg_serve_verbs.argtypes = [ctypes.POINTER(Loop), ctypes.POINTER(VStep), i64, ctypes.POINTER(i64)]

@@ -77,7 +77,10 @@ def tp_run(tmp_path_factory):
     good.save(home / ".config" / "arxtune" / "thresholds.json")
     files = {"good": good.save(tmp / "good.json"),
              "world4": routing_thresholds(B, world=4).save(tmp / "world4.json"),
-             "nosuch_backend": routing_thresholds("nosuch").save(tmp / "nosuch.json")}
+             "cannot_start": routing_thresholds("symm_mem").save(tmp / "cannot-start.json")}  # needs CUDA tensors
+    # A backend no arxtune knows: the file is refused as it is read (so it is written here, not saved).
+    (tmp / "nosuch.json").write_text(json.dumps(routing_thresholds("gloo").to_dict()).replace('"gloo"', '"nosuch"'))
+    files["nosuch_backend"] = tmp / "nosuch.json"
     (tmp / "not-json.json").write_text("{ this is not json\n")
     files["not_json"] = tmp / "not-json.json"
     future = good.to_dict() | {"version": 99}
@@ -90,6 +93,7 @@ def tp_run(tmp_path_factory):
         "version99": str(files["version99"]),
         "world4": str(files["world4"]),  # tables for worlds 4 and 5 only
         "nosuch": str(files["nosuch_backend"]),
+        "cannotstart": str(files["cannot_start"]),
         "onlyrank0": [str(files["good"]), missing],
         "good": str(files["good"]),
     }}
@@ -168,7 +172,11 @@ def test_wrong_world_size_falls_back_with_a_warning(tp_run):
 
 
 def test_backend_that_cannot_start_falls_back_with_a_warning(tp_run):
-    assert "nosuch cannot start (not a registered arxtune backend" in fallback(tp_run, "nosuch")
+    assert "symm_mem cannot start (symm_mem needs CUDA tensors" in fallback(tp_run, "cannotstart")
+
+
+def test_a_file_naming_an_unknown_backend_falls_back_with_a_warning(tp_run):
+    assert "'nosuch' is unknown" in fallback(tp_run, "nosuch")
 
 
 def test_ranks_that_disagree_fall_back_together(tp_run):

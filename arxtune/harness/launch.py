@@ -121,30 +121,34 @@ class LaunchResult:
     log_path: str = ""
     joined: threading.Event = field(default_factory=threading.Event)  # a rank of this node joined the group
     failed: threading.Event = field(default_factory=threading.Event)  # a rank said its error line: it is on its way out
+    read_all: threading.Event = field(default_factory=threading.Event)  # the ranks' stderr reached its end
 
 
 def _read_ranks_stderr(stream, log, result: LaunchResult) -> None:
     """Keep torchrun's and the ranks' stderr in the log; pass on arxtune's own lines, each once."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # so they wake the main thread's wait
     shown = set()
-    for line in stream:
-        log.write(line)
-        log.flush()
-        text = line.rstrip("\n")
-        if text == JOINED_LINE:
-            result.joined.set()
-        elif text.startswith(ERROR_PREFIX):
-            result.failed.set()
-            if text[len(ERROR_PREFIX):] not in result.errors:
-                result.errors.append(text[len(ERROR_PREFIX):])
-        elif text.startswith("arxtune: "):
-            if text.startswith(RUN_PREFIX):
-                result.run_path = text[len(RUN_PREFIX):]
-            if text not in shown:
-                shown.add(text)
-                print(text, file=sys.stderr, flush=True)
-        elif _EXCEPTION_LINE.match(_RANK_PREFIX.sub("", text.strip())):
-            result.last_exception = _RANK_PREFIX.sub("", text.strip())
+    try:
+        for line in stream:
+            log.write(line)
+            log.flush()
+            text = line.rstrip("\n")
+            if text == JOINED_LINE:
+                result.joined.set()
+            elif text.startswith(ERROR_PREFIX):
+                result.failed.set()
+                if text[len(ERROR_PREFIX):] not in result.errors:
+                    result.errors.append(text[len(ERROR_PREFIX):])
+            elif text.startswith("arxtune: "):
+                if text.startswith(RUN_PREFIX):
+                    result.run_path = text[len(RUN_PREFIX):]
+                if text not in shown:
+                    shown.add(text)
+                    print(text, file=sys.stderr, flush=True)
+            elif _EXCEPTION_LINE.match(_RANK_PREFIX.sub("", text.strip())):
+                result.last_exception = _RANK_PREFIX.sub("", text.strip())
+    finally:
+        result.read_all.set()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -185,8 +189,9 @@ def _supervise(proc: subprocess.Popen, plan: LaunchPlan, result: LaunchResult) -
         if proc.poll() is None:
             _kill_tree(proc.pid)
         code = proc.wait(timeout=STOP_TIMEOUT_S)
-        if code == 0:
-            return 0
+        result.read_all.wait(STOP_TIMEOUT_S)  # a job that ends fast may leave its "joined" line still unread
+        if code == 0 or result.joined.is_set():
+            return code
         if plan.nnodes > 1:
             result.errors.insert(0, f"the rendezvous at {plan.rdzv_endpoint} did not complete within timeout_s ({plan.timeout_s:g} s): not all "
                                     f"{plan.nnodes} nodes came (--nnodes); nothing was measured")

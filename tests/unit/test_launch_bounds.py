@@ -77,3 +77,26 @@ def test_the_rendezvous_is_bounded_by_the_sweeps_timeout():
 def test_plans_torchrun_would_misread_are_refused(plan, needle):
     with pytest.raises(launch.ArxtuneError, match=needle):
         plan.torchrun_args()
+
+
+#: A job that joins and fails at once: torchrun has exited before the parent has read the "joined" line.
+FAILS_FAST = r"""
+import sys
+print("arxtune: joined", file=sys.stderr, flush=True)
+sys.exit(1)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_ends_before_its_joined_line_is_read_is_a_failed_rank_not_a_group_that_never_formed(monkeypatch):
+    slow_reader = launch._read_ranks_stderr
+
+    def late(stream, log, result):
+        time.sleep(1.0)  # a loaded machine: the reader thread runs after torchrun has gone
+        slow_reader(stream, log, result)
+
+    monkeypatch.setattr(launch, "_read_ranks_stderr", late)
+    monkeypatch.setattr(launch, "torchrun_command", lambda plan, args: [sys.executable, "-c", FAILS_FAST])
+    result = launch.run_under_torchrun(_plan(120.0), [])
+    assert result.code == 1 and result.joined.is_set()
+    assert not any("did not form a group" in e for e in result.errors), result.errors

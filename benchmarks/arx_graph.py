@@ -8,10 +8,11 @@ proxy process and CUDA stream. Three views of a bf16 all-reduce per size:
 
 - graph: a CUDA graph holds a chain of 10 all-reduces per rank, the two chains
   concurrent and meeting only through the protocol; a sample is one replay / 10.
-- eager: `--eager-calls` calls per rank launched back to back (every rank's
-  i-th call before any rank's next, as ranks in separate processes launch
-  them), no sync between; a sample is the span / calls (the sweep's eager view).
-  One process launches both ranks, so a call's span holds two launches.
+- eager: `--eager-calls` calls of rank 0 launched back to back, no sync
+  between; a sample is the span / calls (the sweep's eager view). The other
+  ranks' calls are launched before the span starts and wait in the protocol,
+  so the span holds rank 0's launches only, as a rank in its own process
+  launches only its own calls.
 - isolated: one call per rank, synchronised before and after.
 
 The floor is a one-rank handshake (ring the doorbell, wait for the proxy) in
@@ -62,11 +63,14 @@ def capture(fn) -> torch.cuda.CUDAGraph:
     return g
 
 
-def time_span(fn, per_sample: int, warmup: int, samples: int) -> list[float]:
-    """us per call of fn() (which makes `per_sample` calls) between two events, synchronised after each sample."""
+def time_span(fn, per_sample: int, warmup: int, samples: int, before=None) -> list[float]:
+    """us per call of fn() (which makes `per_sample` calls) between two events, synchronised after each sample;
+    `before()` runs ahead of each sample's first event."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out = []
     for i in range(warmup + samples):
+        if before is not None:
+            before()
         start.record()
         fn()
         end.record()
@@ -115,10 +119,11 @@ def measure(memory: str, a, dtype: torch.dtype) -> list[dict]:
             ins = [make_input("all_reduce", n, r, a.world, dtype, dev) for r in range(a.world)]
             outs = [torch.full_like(i, float("nan")) for i in ins]
             g = capture(lambda repeat: pair.collective("all_reduce", ins, outs, repeat))
+            lead = pair.ranks[0]
             views = {
                 "graph": time_span(g.replay, OPS_PER_GRAPH, a.warmup, a.samples),
-                "eager": time_span(lambda: pair.interleaved("all_reduce", ins, outs, a.eager_calls), a.eager_calls,
-                                   a.warmup, a.samples),
+                "eager": time_span(lambda: [lead.all_reduce(ins[0], outs[0]) for _ in range(a.eager_calls)], a.eager_calls,
+                                   a.warmup, a.samples, before=lambda: pair.launch_peers("all_reduce", ins, outs, a.eager_calls)),
                 "isolated": time_span(lambda: pair.collective("all_reduce", ins, outs), 1, a.warmup, a.samples),
             }
             del g

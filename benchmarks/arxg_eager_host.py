@@ -13,6 +13,13 @@
   a waitpid of the proxy) against Session.quick_check() (error word and the
   proxy's heartbeat), with a live proxy serving one rank over shared memory.
 
+With `--gpu` (a CUDA GPU present) it times the host's share on the real
+launcher instead: one arxg rank at world 1 (its proxy serving it), calls
+launched back to back and timed on the host clock: the cached Launch alone,
+GpuRank.run (check, key, Launch), and Triton's own path (launch = "triton").
+The GPU runs the calls meanwhile; a figure below the kernel's own time would
+mean the host waits on a full launch queue, so rounds are kept short.
+
 Prints the median over rounds of the mean cost per call, in microseconds.
 """
 
@@ -66,7 +73,7 @@ def launch_figures(calls: int, rounds: int) -> dict[str, float]:
         return {
             "launch, kernel[grid](...) (Triton's path)": per_call_us(
                 lambda: kernel[grid](*args, num_warps=kernels.NUM_WARPS), calls, rounds),
-            "launch, cached Launch": per_call_us(lambda: cached(inp, out), calls, rounds),
+            "launch, cached Launch": per_call_us(lambda: cached(inp.data_ptr(), out.data_ptr()), calls, rounds),
         }
 
     with tempfile.TemporaryDirectory() as cache, fake_triton_driver(kernel, record=False):
@@ -86,14 +93,55 @@ def check_figures(calls: int, rounds: int) -> dict[str, float]:
         session.close()
 
 
+def gpu_figures(calls: int, rounds: int) -> dict[str, float]:
+    from helpers.arxg_cpu_rank import RanksOnOneGpu
+
+    figures = {}
+    for launch in ("cached", "triton"):
+        ranks = RanksOnOneGpu(1, RdmaConfig(max_bytes=1 << 16, timeout_s=10.0), launch=launch)
+        try:
+            rank = ranks.ranks[0]
+            inp = torch.ones(8192, dtype=torch.bfloat16, device="cuda")  # 16 KiB
+            out = torch.empty_like(inp)
+            rank.all_reduce(inp, out)  # compiles
+            torch.cuda.synchronize()
+
+            def timed(fn) -> float:
+                samples = []
+                for _ in range(rounds):
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    for _ in range(calls):
+                        fn()
+                    samples.append((time.perf_counter() - t) / calls * 1e6)
+                torch.cuda.synchronize()
+                return statistics.median(samples)
+
+            if launch == "cached":
+                key = next(k for k in rank._launches if k != "handshake")
+                src, dst = inp.data_ptr(), out.data_ptr()
+                figures["gpu: cached Launch alone"] = timed(lambda: rank._launches[key](src, dst))
+                figures["gpu: GpuRank.run, cached launch"] = timed(lambda: rank.all_reduce(inp, out))
+            else:
+                figures["gpu: GpuRank.run, Triton's own path"] = timed(lambda: rank.all_reduce(inp, out))
+            rank.check()
+        finally:
+            ranks.close()
+    return figures
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--gpu", action="store_true", help="time the real launcher on a CUDA GPU (short rounds)")
     a = ap.parse_args()
     import triton
 
-    figures = {**launch_figures(a.calls, a.rounds), **check_figures(a.calls, a.rounds)}
+    if a.gpu:
+        figures = gpu_figures(min(a.calls, 200), max(a.rounds, 50))
+    else:
+        figures = {**launch_figures(a.calls, a.rounds), **check_figures(a.calls, a.rounds)}
     print(f"arxg eager call, host side only (Triton {triton.__version__}, torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, median of {a.rounds} rounds of {a.calls} calls)")
     for name, us in figures.items():

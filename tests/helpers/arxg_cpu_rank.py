@@ -138,20 +138,16 @@ class RanksOnOneGpu:
         for s in self.streams:
             cur.wait_stream(s)
 
-    def interleaved(self, op: str, ins, outs, repeat: int) -> None:
-        """`repeat` collectives launched call by call, every rank's i-th call before any rank's (i+1)-th, so
-        each call's peers are launched as soon as it is: eager calls back to back, as ranks in separate
-        processes launch them. Joined back into the current stream at the end."""
+    def launch_peers(self, op: str, ins, outs, repeat: int) -> None:
+        """`repeat` calls on every rank but rank 0, each rank's chain on its stream after the current stream's
+        work. Launched ahead, they wait in the protocol for rank 0's calls, so rank 0's own launches set the
+        pace, as each rank's process launches only its own calls. Rank 0's calls go on the current stream."""
         cur = torch.cuda.current_stream()
-        for s in self.streams:
+        for rank, s, i, o in zip(self.ranks[1:], self.streams[1:], ins[1:], outs[1:]):
             s.wait_stream(cur)
-        calls = [(getattr(rank, op), i, o) for rank, i, o in zip(self.ranks, ins, outs)]
-        for _ in range(repeat):
-            for s, (fn, i, o) in zip(self.streams, calls):
-                with torch.cuda.stream(s):
-                    fn(i, o)
-        for s in self.streams:
-            cur.wait_stream(s)
+            with torch.cuda.stream(s):
+                for _ in range(repeat):
+                    getattr(rank, op)(i, o)
 
     def check(self) -> None:
         for r in self.ranks:

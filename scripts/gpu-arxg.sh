@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # arxg's evidence on a lent GPU in one call: what the device says about host memory,
 # the arxg GPU tier in every memory mode it allows, the two-rank benchmark per mode,
-# and a world-1 sweep of arxg beside nccl. Seven files under OUT_DIR, nothing deeper:
+# and a world-1 sweep of arxg beside nccl. Eight files under OUT_DIR, nothing deeper:
 #   device.txt        GPU, driver, torch/Triton, HMM state, CUDA memory attributes, arxtune doctor
 #   test-gpu.log      pytest of the arxg GPU tier (registered, then direct: separate processes)
 #   arx_graph.txt/.csv/.png   benchmarks/arx_graph.py --memory all
+#   eager_host.txt    benchmarks/arxg_eager_host.py --gpu: the host's share of an eager call, by layer
 #   sweep.log, sweep.tar.gz   arxtune sweep at world 1: arxg and nccl, all_reduce bf16, 1 KiB-1 MiB
 #   scripts/gpu-arxg.sh OUT_DIR        (about 5 minutes on an H100)
 set -uo pipefail
@@ -52,6 +53,10 @@ step benchmark
 timeout 240 $PY benchmarks/arx_graph.py --memory all --samples 200 --out "$out/arx_graph.csv" \
   --plot "$out/arx_graph.png" > "$out/arx_graph.txt" 2>&1 || status=1
 cat "$out/arx_graph.txt"
+
+step "host share of an eager call"
+timeout 120 $PY benchmarks/arxg_eager_host.py --gpu > "$out/eager_host.txt" 2>&1 || status=1
+cat "$out/eager_host.txt"
 
 step "sweep at world 1"
 tmp=$(mktemp -d)

@@ -36,6 +36,10 @@ modes = ["eager", "graph"]
 variants = ["proto=LL", "proto=LL128", "proto=Simple", "algo=Ring", "algo=Tree", "proto=LL,channels=4", "proto=Simple,channels=4"]
 EOF
 
+echo "== 0. NCCL itself takes each variant's protocol, algorithm and channel count (two ranks)"
+"$PY" -m pytest -q -s -rs tests/gpu/test_nccl_variants_gpu.py -k two_ranks 2>&1 | tee "$OUT/variants-reach-nccl.log" \
+  || echo "FAILED: variants did not reach NCCL as expected; the timings below are then NCCL's own choice"
+
 echo "== 1. sweep: NCCL's own choice and its variants, two ranks"
 "$PY" -m arxtune sweep -c "$OUT/variants.toml" "${GRID[@]}" --nproc-per-node 2 --out "$OUT" --run-id variants --no-progress
 

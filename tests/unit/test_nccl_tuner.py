@@ -243,6 +243,18 @@ def test_applied_choices_are_logged_for_nccl_debug_tuning(tuner):
     assert any(level == INFO and "allreduce 4096 bytes -> ring/ll, 4 channels" in text for level, text in t.logs), t.logs
 
 
+def test_the_protocol_and_algorithm_a_communicator_is_created_under_are_said_at_init(tuner, monkeypatch):
+    # NCCL calls init while it creates the communicator, one step before its tuning model reads these
+    for name in ("NCCL_PROTO", "NCCL_ALGO"):
+        monkeypatch.delenv(name, raising=False)
+    assert not any("created with" in text for _, text in tuner(TWO_RANGES).logs)
+    monkeypatch.setenv("NCCL_PROTO", "LL")
+    said = [text for level, text in tuner(TWO_RANGES, ranks=1).logs if level == INFO and "created with" in text]
+    assert said == ["arxtune tuner: communicator of 1 ranks created with NCCL_PROTO=LL NCCL_ALGO=(unset)"]
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    assert any(text.endswith("NCCL_PROTO=LL NCCL_ALGO=Ring") for _, text in tuner(TWO_RANGES).logs)
+
+
 def test_no_compiler_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))

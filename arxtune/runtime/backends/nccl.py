@@ -79,12 +79,15 @@ class CommConfig(ctypes.Structure):
 def nccl_environment(values: dict[str, str]):
     """Set NCCL variables only around the creation of one communicator, then put back what was there.
 
-    NCCL reads NCCL_PROTO and NCCL_ALGO each time it creates a communicator
-    (ncclCommInitRank sets up its tuning model from them) and never again for
-    that communicator, so a variant's settings hold for its communicator alone
-    and other backends of the process keep theirs. Channel counts do not go
-    this way: NCCL reads NCCL_MIN/MAX_NCHANNELS once per process, so they go
-    through ncclConfig_t (CommConfig). Variables the user set are restored.
+    NCCL reads NCCL_PROTO and NCCL_ALGO with getenv, uncached, each time it
+    creates a communicator of two ranks or more (ncclTopoTuneModel, on the
+    calling thread of a blocking ncclCommInitRank; NCCL 2.21 to 2.29) and never
+    again for that communicator, so a variant's settings hold for its
+    communicator alone and other backends of the process keep theirs. A
+    one-rank communicator never reads them (its collectives are copies).
+    Channel counts do not go this way: NCCL reads NCCL_MIN/MAX_NCHANNELS once
+    per process, so they go through ncclConfig_t (CommConfig). Variables the
+    user set are restored.
     """
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)

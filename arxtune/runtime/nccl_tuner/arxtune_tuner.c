@@ -201,6 +201,18 @@ static void load(context* ctx, const char* path) {
   say(ctx, LOG_INFO, "arxtune tuner: %d rules from %s (%zu ranks, %zu nodes)", ctx->count, path, ctx->ranks, ctx->nodes);
 }
 
+/* NCCL_PROTO / NCCL_ALGO as this communicator is created: NCCL reads them a step after this init (its
+ * tuning model), and entries they disable are unusable to every rule. Said so that a rule NCCL cannot
+ * follow is explained, and so that the environment a communicator was made in shows in NCCL's log
+ * even on one rank, where NCCL itself skips its tuning model and never reads them. */
+static void say_environment(const context* ctx) {
+  const char* proto = getenv("NCCL_PROTO");
+  const char* algo = getenv("NCCL_ALGO");
+  if ((proto && *proto) || (algo && *algo))
+    say(ctx, LOG_INFO, "arxtune tuner: communicator of %zu ranks created with NCCL_PROTO=%s NCCL_ALGO=%s", ctx->ranks,
+        proto && *proto ? proto : "(unset)", algo && *algo ? algo : "(unset)");
+}
+
 static nccl_result start(size_t ranks, size_t nodes, nccl_logger log, void** out) {
   context* ctx = calloc(1, sizeof(context));
   const char* path = getenv("NCCL_TUNER_CONFIG_FILE");
@@ -211,6 +223,7 @@ static nccl_result start(size_t ranks, size_t nodes, nccl_logger log, void** out
   ctx->log = log;
   if (path && *path) load(ctx, path);
   else say(ctx, LOG_WARN, "arxtune tuner: NCCL_TUNER_CONFIG_FILE is not set; NCCL chooses every call");
+  say_environment(ctx);
   return 0;
 }
 

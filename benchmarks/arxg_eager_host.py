@@ -139,7 +139,8 @@ def main() -> int:
     import triton
 
     if a.gpu:
-        figures = gpu_figures(min(a.calls, 200), max(a.rounds, 50))
+        a.calls, a.rounds = min(a.calls, 200), max(a.rounds, 50)
+        figures = gpu_figures(a.calls, a.rounds)
     else:
         figures = {**launch_figures(a.calls, a.rounds), **check_figures(a.calls, a.rounds)}
     print(f"arxg eager call, host side only (Triton {triton.__version__}, torch {torch.__version__}, "

@@ -5,7 +5,12 @@ comes from the measured decision rule (decision.py). The two agree when they
 choose the same backend, or backends whose pooled medians (both runs'
 samples together) are within `tolerance` of each other: either choice would
 then serve as well. Regret is what a run's choice costs when judged by the
-other run's medians: its time there over the fastest backend's, minus one.
+other run: its time there over the fastest backend's, minus one, where the
+other run's rounds show the fastest clearly faster than the choice (the
+decision rule, with the same margin); elsewhere the two are a tie by the
+other run's own evidence, and the regret is 0. The raw regret, by the other
+run's medians alone, is kept beside it: between two backends that tie, it
+measures the noise of the medians, not the cost of the choice.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from arxtune.harness.decision import measured_winners
+from arxtune.harness.decision import clearly_faster, measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 
@@ -35,9 +40,11 @@ class PointComparison:
     choice_a: str
     choice_b: str
     pooled_ratio: float  # pooled median of choice_a over choice_b's
-    regret_a: float  # A's choice judged by B's medians
-    regret_b: float  # B's choice judged by A's medians
+    regret_a: float  # A's choice judged by B's rounds (0 where B cannot tell it from the fastest)
+    regret_b: float  # B's choice judged by A's rounds
     agree: bool
+    raw_regret_a: float = 0.0  # A's choice judged by B's medians alone
+    raw_regret_b: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -53,15 +60,21 @@ class Comparison:
     def same_choice(self) -> int:
         return sum(p.choice_a == p.choice_b for p in self.points)
 
-    def regrets(self) -> np.ndarray:
-        return np.array([r for p in self.points for r in (p.regret_a, p.regret_b)])
+    def regrets(self, raw: bool = False) -> np.ndarray:
+        pairs = ((p.raw_regret_a, p.raw_regret_b) if raw else (p.regret_a, p.regret_b) for p in self.points)
+        return np.array([r for pair in pairs for r in pair])
 
     def summary(self) -> str:
-        r = self.regrets()  # NaN where a choice has no result in the other run
-        p50, p90 = np.nanpercentile(r, [50, 90]) if np.isfinite(r).any() else (float("nan"),) * 2
+        def spread(r: np.ndarray) -> str:  # NaN where a choice has no result in the other run
+            if not np.isfinite(r).any():
+                return "p50 nan, p90 nan, max nan"
+            p50, p90 = np.nanpercentile(r, [50, 90])
+            return f"p50 {p50:.1%}, p90 {p90:.1%}, max {np.nanmax(r):.1%}"
+
         return (f"{len(self.points)} points: agreement {self.agreement:.1%} ({sum(p.agree for p in self.points)} agree; "
                 f"{self.same_choice} same choice, others within {self.tolerance:.0%} by pooled medians); "
-                f"regret of a run's choice by the other's medians: p50 {p50:.1%}, p90 {p90:.1%}, max {np.nanmax(r) if np.isfinite(r).any() else float('nan'):.1%}")
+                f"regret of a run's choice by the other's rounds: {spread(self.regrets())} "
+                f"(by its medians alone: {spread(self.regrets(raw=True))})")
 
 
 def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, str]:
@@ -72,8 +85,8 @@ def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, s
     return choices
 
 
-def _medians(frame: pd.DataFrame) -> dict[tuple, float]:
-    return {(r.op, r.dtype, r.view, r.nbytes, r.backend): r.median_us for r in frame.itertuples()}
+def _rows(frame: pd.DataFrame) -> dict[tuple, pd.Series]:
+    return {tuple(r[k] for k in KEYS + ["backend"]): r for _, r in frame.iterrows()}
 
 
 def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
@@ -84,9 +97,14 @@ def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
     return {key: float(np.median(values)) for key, values in samples.items()}
 
 
-def _regret(choice: str, point: tuple, medians: dict[tuple, float]) -> float:
-    times = {key[-1]: t for key, t in medians.items() if key[:-1] == point}
-    return times[choice] / min(times.values()) - 1 if choice in times else float("nan")
+def _regret(choice: str, point: tuple, rows: dict[tuple, pd.Series], margin: float) -> tuple[float, float]:
+    """(regret where the other run's rounds show the fastest clearly faster, else 0; raw regret by its medians)."""
+    here = {key[-1]: row for key, row in rows.items() if key[:-1] == point}
+    if choice not in here:
+        return float("nan"), float("nan")
+    fastest = min(here, key=lambda name: here[name].median_us)
+    raw = here[choice].median_us / here[fastest].median_us - 1
+    return (raw if fastest != choice and clearly_faster(here[fastest], here[choice], margin) else 0.0), raw
 
 
 def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.05,
@@ -109,11 +127,12 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.
     common = sorted(choices_a.keys() & choices_b.keys())
     if not common:
         raise ArxtuneError(f"runs {a.meta.run_id} and {b.meta.run_id} share no correct points; compare runs of the same grid")
-    medians_a, medians_b, pooled = _medians(frame_a), _medians(frame_b), _pooled_medians(a, b)
+    rows_a, rows_b, pooled = _rows(frame_a), _rows(frame_b), _pooled_medians(a, b)
     points = []
     for point in common:
         ca, cb = choices_a[point], choices_b[point]
         ratio = pooled.get(point + (ca,), float("nan")) / pooled.get(point + (cb,), float("nan"))
         agree = ca == cb or max(ratio, 1 / ratio) <= 1 + tolerance
-        points.append(PointComparison(*point, ca, cb, ratio, _regret(ca, point, medians_b), _regret(cb, point, medians_a), bool(agree)))
+        (regret_a, raw_a), (regret_b, raw_b) = _regret(ca, point, rows_b, margin), _regret(cb, point, rows_a, margin)
+        points.append(PointComparison(*point, ca, cb, ratio, regret_a, regret_b, bool(agree), raw_a, raw_b))
     return Comparison(tuple(points), tolerance)

@@ -5,12 +5,11 @@ comes from the measured decision rule (decision.py). The two agree when they
 choose the same backend, or backends whose pooled medians (both runs'
 samples together) are within `tolerance` of each other: either choice would
 then serve as well. Regret is what a run's choice costs when judged by the
-other run: its time there over the fastest backend's, minus one, where the
-other run's rounds show the fastest clearly faster than the choice (the
-decision rule, with the same margin); elsewhere the two are a tie by the
-other run's own evidence, and the regret is 0. The raw regret, by the other
-run's medians alone, is kept beside it: between two backends that tie, it
-measures the noise of the medians, not the cost of the choice.
+other run: its median there over the median of the other run's own choice,
+minus one (0 where the two choose alike, and never below 0). The raw regret
+beside it, the issue's first measure, judges the choice against the fastest
+median of the other run whatever that run chose: between two backends that
+tie, it measures the noise of the medians, not the cost of a choice.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from arxtune.harness.decision import clearly_faster, measured_winners
+from arxtune.harness.decision import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 
@@ -40,10 +39,10 @@ class PointComparison:
     choice_a: str
     choice_b: str
     pooled_ratio: float  # pooled median of choice_a over choice_b's
-    regret_a: float  # A's choice judged by B's rounds (0 where B cannot tell it from the fastest)
-    regret_b: float  # B's choice judged by A's rounds
+    regret_a: float  # A's choice judged by B's medians against B's choice
+    regret_b: float  # B's choice judged by A's medians against A's choice
     agree: bool
-    raw_regret_a: float = 0.0  # A's choice judged by B's medians alone
+    raw_regret_a: float = 0.0  # A's choice judged by B's medians against B's fastest
     raw_regret_b: float = 0.0
 
 
@@ -73,8 +72,8 @@ class Comparison:
 
         return (f"{len(self.points)} points: agreement {self.agreement:.1%} ({sum(p.agree for p in self.points)} agree; "
                 f"{self.same_choice} same choice, others within {self.tolerance:.0%} by pooled medians); "
-                f"regret of a run's choice by the other's rounds: {spread(self.regrets())} "
-                f"(by its medians alone: {spread(self.regrets(raw=True))})")
+                f"regret of a run's choice against the other's, by the other's medians: {spread(self.regrets())} "
+                f"(raw, against the other's fastest median: {spread(self.regrets(raw=True))})")
 
 
 def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, str]:
@@ -85,8 +84,8 @@ def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, s
     return choices
 
 
-def _rows(frame: pd.DataFrame) -> dict[tuple, pd.Series]:
-    return {tuple(r[k] for k in KEYS + ["backend"]): r for _, r in frame.iterrows()}
+def _medians(frame: pd.DataFrame) -> dict[tuple, float]:
+    return {tuple(r[k] for k in KEYS + ["backend"]): float(r["median_us"]) for _, r in frame.iterrows()}
 
 
 def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
@@ -97,14 +96,17 @@ def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
     return {key: float(np.median(values)) for key, values in samples.items()}
 
 
-def _regret(choice: str, point: tuple, rows: dict[tuple, pd.Series], margin: float) -> tuple[float, float]:
-    """(regret where the other run's rounds show the fastest clearly faster, else 0; raw regret by its medians)."""
-    here = {key[-1]: row for key, row in rows.items() if key[:-1] == point}
+def regret(here: dict[str, float], choice: str, theirs: str) -> tuple[float, float]:
+    """(regret, raw regret) of `choice` by one point's medians by backend, where the other side chose `theirs`:
+    its median over theirs, minus one (at least 0); and over the fastest, minus one. NaN for a choice with no median."""
     if choice not in here:
         return float("nan"), float("nan")
-    fastest = min(here, key=lambda name: here[name].median_us)
-    raw = here[choice].median_us / here[fastest].median_us - 1
-    return (raw if fastest != choice and clearly_faster(here[fastest], here[choice], margin) else 0.0), raw
+    raw = here[choice] / min(here.values()) - 1
+    return (max(0.0, here[choice] / here[theirs] - 1) if theirs in here else raw), raw
+
+
+def _medians_at(rows: dict[tuple, float], point: tuple) -> dict[str, float]:
+    return {key[-1]: t for key, t in rows.items() if key[:-1] == point}
 
 
 def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.05,
@@ -127,12 +129,13 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.
     common = sorted(choices_a.keys() & choices_b.keys())
     if not common:
         raise ArxtuneError(f"runs {a.meta.run_id} and {b.meta.run_id} share no correct points; compare runs of the same grid")
-    rows_a, rows_b, pooled = _rows(frame_a), _rows(frame_b), _pooled_medians(a, b)
+    medians_a, medians_b, pooled = _medians(frame_a), _medians(frame_b), _pooled_medians(a, b)
     points = []
     for point in common:
         ca, cb = choices_a[point], choices_b[point]
         ratio = pooled.get(point + (ca,), float("nan")) / pooled.get(point + (cb,), float("nan"))
         agree = ca == cb or max(ratio, 1 / ratio) <= 1 + tolerance
-        (regret_a, raw_a), (regret_b, raw_b) = _regret(ca, point, rows_b, margin), _regret(cb, point, rows_a, margin)
+        (regret_a, raw_a) = regret(_medians_at(medians_b, point), ca, cb)
+        (regret_b, raw_b) = regret(_medians_at(medians_a, point), cb, ca)
         points.append(PointComparison(*point, ca, cb, ratio, regret_a, regret_b, bool(agree), raw_a, raw_b))
     return Comparison(tuple(points), tolerance)

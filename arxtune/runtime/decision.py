@@ -5,8 +5,8 @@ beats the baseline's by more than `margin`, and so do most paired rounds
 (the backends take turns within a round, so drift between rounds cancels):
 the median over rounds of its time over the baseline's in the same round,
 and, for the win not to rest on a round or two, at least `rounds_needed(n)`
-of the n rounds (a one-sided sign test: a true tie wins that many rounds
-less than one time in ten). A near-tie is therefore a tie, and the baseline
+of the n rounds (the exact one-sided sign test: a true tie wins that many
+rounds at most one time in ten). A near-tie is therefore a tie, and the baseline
 keeps it. Without paired rounds, the challenger's interval must lie wholly
 below the baseline's.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 DEFAULT_MARGIN = 0.05
 #: A ratio within this factor of the margin's edge is close: more rounds may move it across.
 CLOSE_BAND = 0.05
-#: One-sided normal quantile of the sign test (0.1): how sure a win over paired rounds must be.
-SIGN_Z = 1.2816
+#: How often a true tie may pass the sign test over paired rounds (one-sided).
+SIGN_ALPHA = 0.1
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,14 @@ class PointTimes:
 
 
 def rounds_needed(n: int) -> int:
-    """Paired rounds (of n) a challenger must win for a clear win: more than a tie wins 9 times in 10
-    (normal approximation of the sign test; 4 of 4 or 5, 8 of 10, 13 of 20)."""
-    return min(n, max(n // 2 + 1, math.ceil(n / 2 + SIGN_Z * math.sqrt(n) / 2)))
+    """Paired rounds (of n) a challenger must win for a clear win: the fewest a true tie reaches at most
+    one time in ten (the exact one-sided sign test; 4 of 4, 5 of 5, 8 of 10, 11 of 15, 14 of 20)."""
+    tail = 0
+    for k in range(n, -1, -1):
+        tail += math.comb(n, k)
+        if tail / 2 ** n > SIGN_ALPHA:
+            return min(n, k + 1)
+    return n
 
 
 def _ratios(challenger: PointTimes, base: PointTimes) -> list[float] | None:

@@ -56,7 +56,8 @@ COARSE_GRID = (4 * KiB, 64 * KiB, 1 * MiB)
 MAX_PROBE_BYTES = 64 * MiB
 #: Rounds per size (fewer when the budget is short, never under 2: the rule pairs rounds), samples per round at most.
 ROUNDS, MIN_ROUNDS, MAX_SAMPLES_PER_ROUND = 4, 2, 4
-#: Rounds a size may add where the incumbent and a challenger are close (decision.undecided), within twice its share.
+#: Rounds a size may add where the incumbent and a challenger are close (decision.undecided), within its share:
+#: the first rounds take half of it, so a clear size leaves the rest to the sizes after it.
 MAX_EXTRA_ROUNDS = 8
 #: A sample holds as many calls as fit this long (1 to MAX_CALLS_PER_SAMPLE), from the checked call's time.
 SAMPLE_US, MAX_CALLS_PER_SAMPLE = 2000.0, 20
@@ -338,7 +339,7 @@ class Prober:
                 if failed[name] or len(live) == 1:
                     self._record(name, op, dtype, mode, nbytes, failed[name], [] if failed[name] else [[cost[name] * 1e6]])
             return  # two left and no time for two rounds: not measured, so not judged
-        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(share_s / (rounds * sample_s))))
+        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(share_s / (2 * rounds * sample_s))))
         timers, local = {}, {name: "" for name in live}
         for name in live:
             try:
@@ -354,13 +355,13 @@ class Prober:
 
         def more(done: int) -> bool:
             """Another round where the incumbent and a challenger are still close, within this size's
-            share twice over, the budget and MAX_EXTRA_ROUNDS (the same answer on every rank)."""
+            share, the budget and MAX_EXTRA_ROUNDS (the same answer on every rank)."""
             ok = {n: PointTimes.from_rounds(samples[n]) for n in live if not failed[n] and samples[n]}
             if done >= rounds + MAX_EXTRA_ROUNDS or incumbent not in ok or not any(
                     undecided(t, ok[incumbent], self.margin) for n, t in ok.items() if n != incumbent):
                 return False
             spent = self.spent()
-            return spent < self.budget and spent - size_start < 2 * share_s
+            return spent < self.budget and spent - size_start < share_s
 
         r = 0
         while r < rounds or more(r):

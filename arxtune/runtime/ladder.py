@@ -56,6 +56,8 @@ COARSE_GRID = (4 * KiB, 64 * KiB, 1 * MiB)
 MAX_PROBE_BYTES = 64 * MiB
 #: Rounds per size (fewer when the budget is short, never under 2: the rule pairs rounds), samples per round at most.
 ROUNDS, MIN_ROUNDS, MAX_SAMPLES_PER_ROUND = 4, 2, 4
+#: The part of the budget spent measuring: the rest covers the last size's overrun, agreeing on the verdict and the run.
+MEASURE_SHARE = 0.85
 #: Rounds a size may add where the incumbent and a challenger are close (decision.undecided), within its share:
 #: the first rounds take half of it, so a clear size leaves the rest to the sizes after it.
 MAX_EXTRA_ROUNDS = 8
@@ -427,7 +429,7 @@ def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Ba
     deployment without a file may choose from beside `baseline`.
     """
     budget, started = budget_s(), _now()
-    prober = Prober(ctx, backends, budget, thresholds.margin if thresholds else DEFAULT_MARGIN)
+    prober = Prober(ctx, backends, budget * MEASURE_SHARE, thresholds.margin if thresholds else DEFAULT_MARGIN)
     if thresholds is None:
         outcome = _build(ctx, prober, mode, candidates, baseline, dtypes)
     else:

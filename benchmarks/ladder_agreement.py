@@ -33,7 +33,7 @@ import numpy as np
 from arxtune.harness.calibrate import calibrate
 from arxtune.harness.compare import DEFAULT_TOLERANCE, regret
 from arxtune.harness.results import load_run
-from arxtune.runtime.thresholds import Thresholds
+from arxtune.runtime.thresholds import Thresholds, load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,30 +91,42 @@ def main() -> int:
     print(f"sweep {args.sweep}: {len(grid)} eager points; calibrated choices: "
           + ", ".join(f"{b} {sum(v == b for v in reference.values())}" for b in sorted(set(reference.values()))))
     for case, path in cases.items():
+        if path != "-":  # the file as it is, before any ladder: what `adjust` starts from
+            file = load(path)
+            picks = {f"{op} {dtype} {n}": _pick(file, op, dtype, n, file.baseline, run.meta.world_size) for op, dtype, n in grid}
+            print(f"{case} as it is, before any ladder: against the sweep {_said(judged(picks, rows, reference), len(grid))}")
         jobs = [job(child, path, grid, env) for _ in range(args.repeats)]
         results = []
         for k, got in enumerate(jobs):
-            agree, regrets, raws = 0, [], []
-            for key, pick in got["picks"].items():
-                op, dtype, n = key.split()
-                here = rows[(op, dtype, int(n))]
-                want = reference[key]
-                ratio = here[pick].median_us / here[want].median_us if pick in here and want in here else float("nan")
-                agree += pick == want or max(ratio, 1 / ratio) <= 1 + DEFAULT_TOLERANCE
-                r, raw = regret({name: row.median_us for name, row in here.items()}, pick, want)
-                regrets.append(r)
-                raws.append(raw)
-            results.append({"agreement": agree / len(grid), "regret_p90": float(np.nanpercentile(regrets, 90)),
-                            "regret_max": float(np.nanmax(regrets)), "raw_regret_p90": float(np.nanpercentile(raws, 90)),
-                            "line": got["line"].split(", ladder ", 1)[-1]})
-            print(f"{case} job {k + 1}: against the sweep {results[-1]['agreement']:.1%} of {len(grid)} agree; regret p90 "
-                  f"{results[-1]['regret_p90']:.1%}, max {results[-1]['regret_max']:.1%} (raw p90 {results[-1]['raw_regret_p90']:.1%})\n"
-                  f"  ladder {results[-1]['line']}")
+            results.append({**judged(got["picks"], rows, reference), "line": got["line"].split(", ladder ", 1)[-1]})
+            print(f"{case} job {k + 1}: against the sweep {_said(results[-1], len(grid))}\n  ladder {results[-1]['line']}")
         alike = [sum(a["picks"][key] == b["picks"][key] for key in a["picks"]) / len(grid) for a, b in zip(jobs, jobs[1:])]
         print(f"{case}: consecutive jobs pick alike at " + ", ".join(f"{x:.1%}" for x in alike) + f" of {len(grid)} sizes")
         summary["cases"][case] = {"jobs": results, "consecutive_alike": alike}
     (out / "ladder.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 0
+
+
+def judged(picks: dict[str, str], rows: dict, reference: dict[str, str]) -> dict:
+    """Agreement of `picks` with the sweep's calibrated choices (same backend, or the sweep's medians within
+    5%), and the regret percentiles of the picks by the sweep's medians (against its choice; raw: its fastest)."""
+    agree, regrets, raws = 0, [], []
+    for key, pick in picks.items():
+        op, dtype, n = key.split()
+        here = {name: row.median_us for name, row in rows[(op, dtype, int(n))].items()}
+        want = reference[key]
+        ratio = here[pick] / here[want] if pick in here and want in here else float("nan")
+        agree += pick == want or max(ratio, 1 / ratio) <= 1 + DEFAULT_TOLERANCE
+        r, raw = regret(here, pick, want)
+        regrets.append(r)
+        raws.append(raw)
+    return {"agreement": agree / len(picks), "regret_p90": float(np.nanpercentile(regrets, 90)),
+            "regret_max": float(np.nanmax(regrets)), "raw_regret_p90": float(np.nanpercentile(raws, 90))}
+
+
+def _said(result: dict, points: int) -> str:
+    return (f"{result['agreement']:.1%} of {points} agree; regret p90 {result['regret_p90']:.1%}, max {result['regret_max']:.1%} "
+            f"(raw p90 {result['raw_regret_p90']:.1%})")
 
 
 def _pick(thresholds: Thresholds, op: str, dtype: str, nbytes: int, baseline: str, world: int) -> str:

@@ -141,6 +141,7 @@ def sweep(
     max_bytes: Optional[str] = typer.Option(None, help="Largest size, e.g. 16MiB."),
     step_factor: Optional[float] = typer.Option(None, help="Ratio between sizes on the grid."),
     point_budget_s: Optional[float] = typer.Option(None, help="Seconds of sampling per point."),
+    max_extra_rounds: Optional[int] = typer.Option(None, help="Rounds a point may add where the baseline and a challenger are close (0: none)."),
     out: Optional[str] = typer.Option(None, help="Directory for runs (default results/)."),
     resume: Optional[Path] = typer.Option(None, help="Continue an interrupted run directory."),
     nproc_per_node: Optional[int] = typer.Option(None, help="Ranks on this node (default: one per GPU, else 2)."),
@@ -173,7 +174,8 @@ def sweep(
         if views is not None and modes is not None:
             raise ArxtuneError("--modes is the old name of --views; give only --views")
         overrides = dict(backends=backends, ops=ops, dtypes=dtypes, views=views if views is not None else modes, min_bytes=min_bytes,
-                         max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s, out=out)
+                         max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s,
+                         max_extra_rounds=max_extra_rounds, out=out)
         cfg = base.with_overrides(**overrides)
         if run_id is not None:
             check_name(run_id, "--run-id")

@@ -31,6 +31,8 @@ def sweep(args, run_id: str) -> float:
                "--run-id", run_id, "--no-progress"]
     if args.point_budget_s:
         command += ["--point-budget-s", str(args.point_budget_s)]
+    if args.max_extra_rounds is not None:
+        command += ["--max-extra-rounds", str(args.max_extra_rounds)]
     env = {**os.environ, "VLLM_DIST_IDENT": os.environ.get("VLLM_DIST_IDENT", f"arxtune-repeat-{os.getpid()}-{run_id}")}
     start = time.monotonic()
     subprocess.run(command, env=env, check=True, timeout=args.timeout_s)
@@ -46,6 +48,7 @@ def main() -> int:
     parser.add_argument("--min-bytes", default="1KiB")
     parser.add_argument("--max-bytes", default="4MiB")
     parser.add_argument("--point-budget-s", type=float, default=None, help="Default: the sweep's own.")
+    parser.add_argument("--max-extra-rounds", type=int, default=None, help="Default: the sweep's own (0 turns the top-up off).")
     parser.add_argument("--min-agreement", type=float, default=0.95)
     parser.add_argument("--timeout-s", type=float, default=1800)
     args = parser.parse_args()
@@ -58,7 +61,10 @@ def main() -> int:
     for run, (run_id, seconds) in zip(runs, durations.items()):
         tables = calibrate(run).tables
         ranges = [sum(r.source == "measured" for r in t.ranges) for t in tables]
-        print(f"{run_id}: sweep {seconds:.0f} s; thresholds: {sum(ranges)} measured ranges in {len(tables)} tables {ranges}")
+        rounds = sorted(len(r.round_iters) for r in run.records if r.status == "ok")
+        base = min(rounds) if rounds else 0
+        print(f"{run_id}: sweep {seconds:.0f} s; thresholds: {sum(ranges)} measured ranges in {len(tables)} tables {ranges}; "
+              f"rounds per point {base}-{max(rounds, default=0)}, {sum(n > base for n in rounds)} of {len(rounds)} with extra rounds")
     print(comparison.summary())
     return 0 if comparison.agreement >= args.min_agreement else 1
 

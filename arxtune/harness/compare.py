@@ -5,7 +5,11 @@ comes from the measured decision rule (decision.py). The two agree when they
 choose the same backend, or backends whose pooled medians (both runs'
 samples together) are within `tolerance` of each other: either choice would
 then serve as well. Regret is what a run's choice costs when judged by the
-other run's medians: its time there over the fastest backend's, minus one.
+other run: its median there over the median of the other run's own choice,
+minus one (0 where the two choose alike, and never below 0). The raw regret
+beside it, the issue's first measure, judges the choice against the fastest
+median of the other run whatever that run chose: between two backends that
+tie, it measures the noise of the medians, not the cost of a choice.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ class PointComparison:
     choice_a: str
     choice_b: str
     pooled_ratio: float  # pooled median of choice_a over choice_b's
-    regret_a: float  # A's choice judged by B's medians
-    regret_b: float  # B's choice judged by A's medians
+    regret_a: float  # A's choice judged by B's medians against B's choice
+    regret_b: float  # B's choice judged by A's medians against A's choice
     agree: bool
+    raw_regret_a: float = 0.0  # A's choice judged by B's medians against B's fastest
+    raw_regret_b: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -53,15 +59,21 @@ class Comparison:
     def same_choice(self) -> int:
         return sum(p.choice_a == p.choice_b for p in self.points)
 
-    def regrets(self) -> np.ndarray:
-        return np.array([r for p in self.points for r in (p.regret_a, p.regret_b)])
+    def regrets(self, raw: bool = False) -> np.ndarray:
+        pairs = ((p.raw_regret_a, p.raw_regret_b) if raw else (p.regret_a, p.regret_b) for p in self.points)
+        return np.array([r for pair in pairs for r in pair])
 
     def summary(self) -> str:
-        r = self.regrets()  # NaN where a choice has no result in the other run
-        p50, p90 = np.nanpercentile(r, [50, 90]) if np.isfinite(r).any() else (float("nan"),) * 2
+        def spread(r: np.ndarray) -> str:  # NaN where a choice has no result in the other run
+            if not np.isfinite(r).any():
+                return "p50 nan, p90 nan, max nan"
+            p50, p90 = np.nanpercentile(r, [50, 90])
+            return f"p50 {p50:.1%}, p90 {p90:.1%}, max {np.nanmax(r):.1%}"
+
         return (f"{len(self.points)} points: agreement {self.agreement:.1%} ({sum(p.agree for p in self.points)} agree; "
                 f"{self.same_choice} same choice, others within {self.tolerance:.0%} by pooled medians); "
-                f"regret of a run's choice by the other's medians: p50 {p50:.1%}, p90 {p90:.1%}, max {np.nanmax(r) if np.isfinite(r).any() else float('nan'):.1%}")
+                f"regret of a run's choice against the other's, by the other's medians: {spread(self.regrets())} "
+                f"(raw, against the other's fastest median: {spread(self.regrets(raw=True))})")
 
 
 def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, str]:
@@ -73,7 +85,7 @@ def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, s
 
 
 def _medians(frame: pd.DataFrame) -> dict[tuple, float]:
-    return {(r.op, r.dtype, r.view, r.nbytes, r.backend): r.median_us for r in frame.itertuples()}
+    return {tuple(r[k] for k in KEYS + ["backend"]): float(r["median_us"]) for _, r in frame.iterrows()}
 
 
 def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
@@ -84,9 +96,17 @@ def _pooled_medians(a: Run, b: Run) -> dict[tuple, float]:
     return {key: float(np.median(values)) for key, values in samples.items()}
 
 
-def _regret(choice: str, point: tuple, medians: dict[tuple, float]) -> float:
-    times = {key[-1]: t for key, t in medians.items() if key[:-1] == point}
-    return times[choice] / min(times.values()) - 1 if choice in times else float("nan")
+def regret(here: dict[str, float], choice: str, theirs: str) -> tuple[float, float]:
+    """(regret, raw regret) of `choice` by one point's medians by backend, where the other side chose `theirs`:
+    its median over theirs, minus one (at least 0); and over the fastest, minus one. NaN for a choice with no median."""
+    if choice not in here:
+        return float("nan"), float("nan")
+    raw = here[choice] / min(here.values()) - 1
+    return (max(0.0, here[choice] / here[theirs] - 1) if theirs in here else raw), raw
+
+
+def _medians_at(rows: dict[tuple, float], point: tuple) -> dict[str, float]:
+    return {key[-1]: t for key, t in rows.items() if key[:-1] == point}
 
 
 def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.05,
@@ -115,5 +135,7 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.
         ca, cb = choices_a[point], choices_b[point]
         ratio = pooled.get(point + (ca,), float("nan")) / pooled.get(point + (cb,), float("nan"))
         agree = ca == cb or max(ratio, 1 / ratio) <= 1 + tolerance
-        points.append(PointComparison(*point, ca, cb, ratio, _regret(ca, point, medians_b), _regret(cb, point, medians_a), bool(agree)))
+        (regret_a, raw_a) = regret(_medians_at(medians_b, point), ca, cb)
+        (regret_b, raw_b) = regret(_medians_at(medians_a, point), cb, ca)
+        points.append(PointComparison(*point, ca, cb, ratio, regret_a, regret_b, bool(agree), raw_a, raw_b))
     return Comparison(tuple(points), tolerance)

@@ -69,6 +69,9 @@ class SweepConfig:
     """Untimed calls before timing each point."""
     rounds: int = 5
     """Timing rounds per point, interleaved across backends; intervals come from the spread across rounds."""
+    max_extra_rounds: int = 10
+    """Rounds a point may take beyond `rounds` while the baseline and a challenger are close (more
+    rounds could change the decision rule's answer, runtime.decision.undecided); 0 takes none."""
     min_iters: int = 10
     """Fewest timed samples per point (over all rounds)."""
     max_iters: int = 2000
@@ -110,6 +113,8 @@ class SweepConfig:
             raise ArxtuneError(f"step_factor {self.step_factor} gives {sizes:.0f} sizes (at most {MAX_GRID_SIZES}); use a larger step_factor")
         if not 1 <= self.rounds <= MAX_ROUNDS:
             raise ArxtuneError(f"rounds must be between 1 and {MAX_ROUNDS} (5 or more gives intervals from the spread across rounds)")
+        if not 0 <= self.max_extra_rounds <= MAX_ROUNDS:
+            raise ArxtuneError(f"max_extra_rounds must be between 0 and {MAX_ROUNDS} (0: no extra rounds where a decision is close)")
         if not (1 <= self.min_iters <= self.max_iters <= MAX_ITERS):
             raise ArxtuneError(f"need 1 <= min_iters <= max_iters <= {MAX_ITERS}")
         if not all(math.isfinite(v) and v > 0 for v in (self.point_budget_s, self.timeout_s)) or not 0 <= self.warmup_iters <= MAX_ITERS:
@@ -160,6 +165,7 @@ _SIZE_FIELDS = {"min_bytes", "max_bytes"}
 _TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, float), "a number"),
           "timeout_s": ((int, float), "a number"), "warmup_iters": ((int,), "a whole number"),
           "min_iters": ((int,), "a whole number"), "max_iters": ((int,), "a whole number"), "rounds": ((int,), "a whole number"),
+          "max_extra_rounds": ((int,), "a whole number"),
           "baseline": ((str, type(None)), "a backend name"), "out": ((str,), "a directory path"),
           "backend_options": ((dict,), "a table of per-backend tables")}
 

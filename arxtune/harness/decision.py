@@ -3,7 +3,8 @@
 At each size the baseline keeps the point unless a challenger beats it
 clearly: its pooled median beats the baseline's by more than `margin`, and
 so does the median over rounds of its time over the baseline's in the same
-round. The backends take turns within a round, so a round compares them
+round, in enough rounds that a tie would rarely do as well (the runtime's
+rule, arxtune.runtime.decision). The backends take turns within a round, so a round compares them
 under the same conditions and drift between rounds cancels; the median over
 rounds lets a minority of bad rounds (a rank descheduled while it spins)
 pass without deciding anything. Points without paired rounds (one round, or

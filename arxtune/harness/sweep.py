@@ -35,6 +35,7 @@ from arxtune.harness.config import SweepConfig, format_bytes, from_mapping
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
 from arxtune.harness.launch import JOINED_LINE
+from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, undecided
 from arxtune.runtime.timing import Timer, has_timer, make_timer
 
 ESTIMATE_CALLS = 3
@@ -177,17 +178,29 @@ class _Timed:
     round_iters: list[int] = field(default_factory=list)
 
 
+def _times(timed: _Timed) -> PointTimes:
+    """The decision rule's view of one backend's rounds so far."""
+    rounds, start = [], 0
+    for n in timed.round_iters:
+        rounds.append(timed.samples[start:start + n])
+        start += n
+    return PointTimes.from_rounds(rounds)
+
+
 class PointRunner:
     """Measures one group of backends at one point on every rank; returns the same records everywhere.
 
     Each backend is checked and warmed up, then all are timed in `rounds`
     rounds; within a round the backends take turns, in reversed order every
     other round, so slow drift (other load, clocks) falls on all of them alike.
+    Where the baseline and a challenger are then close, up to
+    `max_extra_rounds` more rounds follow, until the rule's answer is settled.
     """
 
     def __init__(self, config: SweepConfig, ctx: GroupContext):
         self.config = config
         self.ctx = ctx
+        self.baseline = config.baseline or default_baseline(ctx.device)
 
     def _sync(self) -> None:
         if self.ctx.device.type == "cuda":
@@ -291,6 +304,16 @@ class PointRunner:
         return PointRecord(*timed.point.key, nbytes=timed.nbytes, world_size=self.ctx.world_size, status="ok",
                            samples_us=tuple(timed.samples), round_iters=tuple(timed.round_iters))
 
+    def _close(self, group: PointGroup, active: list[_Timed], records: dict[str, PointRecord]) -> bool:
+        """Whether the baseline and a challenger are still close (another round could change the
+        decision rule's answer); the same on every rank, since every rank holds the same samples."""
+        timed = {t.point.backend: t for t in active if t.point.backend not in records and t.samples}
+        base = timed.get(self.baseline)
+        if base is None:
+            return False
+        base_times = _times(base)
+        return any(undecided(_times(t), base_times, DEFAULT_MARGIN) for name, t in timed.items() if name != self.baseline)
+
     def measure_group(self, group: PointGroup, ready: dict[str, Backend]) -> list[PointRecord]:
         records: dict[str, PointRecord] = {}
         active: list[_Timed] = []
@@ -300,12 +323,15 @@ class PointRunner:
                 records[point.backend] = prepared
             else:
                 active.append(prepared)
-        for round_no in range(self.config.rounds):
+        round_no = 0
+        while round_no < self.config.rounds or (round_no < self.config.rounds + self.config.max_extra_rounds
+                                                and self._close(group, active, records)):
             for timed in (active if round_no % 2 == 0 else active[::-1]):
                 if timed.point.backend not in records:
                     failure = self._round(timed)
                     if failure:
                         records[timed.point.backend] = failure
+            round_no += 1
         for timed in active:
             if timed.point.backend not in records:
                 records[timed.point.backend] = self._finish(timed)

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from arxtune.runtime import env
 from arxtune.runtime.backends.base import Backend, GroupContext
-from arxtune.runtime.decision import PointTimes, clearly_faster
+from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, clearly_faster, undecided
 from arxtune.runtime.fingerprint import host_facts, nccl_version
 from arxtune.runtime.distributed import all_max, gather_objects, max_per_iteration
 from arxtune.runtime.ops import DTYPES, OP_SPECS, OPS, elements_per_rank, expected_output, make_input, mismatch
@@ -56,10 +56,13 @@ COARSE_GRID = (4 * KiB, 64 * KiB, 1 * MiB)
 MAX_PROBE_BYTES = 64 * MiB
 #: Rounds per size (fewer when the budget is short, never under 2: the rule pairs rounds), samples per round at most.
 ROUNDS, MIN_ROUNDS, MAX_SAMPLES_PER_ROUND = 4, 2, 4
+#: The part of the budget spent measuring: the rest covers the last size's overrun, agreeing on the verdict and the run.
+MEASURE_SHARE = 0.85
+#: Rounds a size may add where the incumbent and a challenger are close (decision.undecided), within its share:
+#: the first rounds take half of it, so a clear size leaves the rest to the sizes after it.
+MAX_EXTRA_ROUNDS = 8
 #: A sample holds as many calls as fit this long (1 to MAX_CALLS_PER_SAMPLE), from the checked call's time.
 SAMPLE_US, MAX_CALLS_PER_SAMPLE = 2000.0, 20
-#: The margin when no file gives one (calibrate's default).
-DEFAULT_MARGIN = 0.05
 #: (device type, mode) -> timer with `calls` calls per sample; a mode with no entry is not laddered.
 TIMERS = {
     ("cpu", "eager"): lambda calls: WallTimer("eager", calls),
@@ -268,10 +271,11 @@ def coarse_tables(world: int, choices: dict[tuple[str, str], list[tuple[int, str
 class Prober:
     """Times backends at one (op, dtype, mode, size) on the group, within the budget; every rank calls it alike."""
 
-    def __init__(self, ctx: GroupContext, backends: dict[str, Backend], budget: float):
+    def __init__(self, ctx: GroupContext, backends: dict[str, Backend], budget: float, margin: float = DEFAULT_MARGIN):
         self.ctx = ctx
         self.backends = backends
         self.budget = budget
+        self.margin = margin  # what `undecided` judges closeness by
         self.start = time.monotonic()
         self.points: dict[tuple, Measured] = {}  # (backend, op, dtype, mode, nbytes) -> what was measured
         self.warned: set[tuple] = set()
@@ -289,20 +293,23 @@ class Prober:
         answers = gather_objects(local, self.ctx.cpu_group)
         return {name: next((f"rank {r}: {a[name]}" for r, a in enumerate(answers) if a.get(name)), "") for name in local}
 
-    def measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float) -> dict[str, Measured] | None:
-        """Each named backend at this size, or None when the budget is spent (then on every rank)."""
+    def measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float,
+                incumbent: str | None = None) -> dict[str, Measured] | None:
+        """Each named backend at this size, or None when the budget is spent (then on every rank).
+        Where `incumbent` and a challenger are close after the rounds, more rounds follow (within bounds)."""
         key = lambda name: (name, op, dtype, mode, nbytes)  # noqa: E731
         todo = [n for n in names if key(n) not in self.points]
         if todo:
             spent = self.spent()
             if spent >= self.budget:
                 return None
-            self._measure(todo, op, dtype, mode, nbytes, min(share_s, self.budget - spent))
+            self._measure(todo, op, dtype, mode, nbytes, min(share_s, self.budget - spent), incumbent)
         if not all(key(n) in self.points for n in names):
             return None
         return {n: self.points[key(n)] for n in names}
 
-    def _measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float) -> None:
+    def _measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float,
+                 incumbent: str | None = None) -> None:
         ctx, torch_dtype = self.ctx, DTYPES[dtype]
         n = elements_per_rank(op, nbytes, ctx.world_size, torch_dtype.itemsize)
         inp = make_input(op, n, ctx.rank, ctx.world_size, torch_dtype, ctx.device)
@@ -334,7 +341,7 @@ class Prober:
                 if failed[name] or len(live) == 1:
                     self._record(name, op, dtype, mode, nbytes, failed[name], [] if failed[name] else [[cost[name] * 1e6]])
             return  # two left and no time for two rounds: not measured, so not judged
-        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(share_s / (rounds * sample_s))))
+        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(share_s / (2 * rounds * sample_s))))
         timers, local = {}, {name: "" for name in live}
         for name in live:
             try:
@@ -346,7 +353,20 @@ class Prober:
         failed.update(self._agreed(local))
         live = [name for name in live if not failed[name]]
         samples = {name: [] for name in live}
-        for r in range(rounds):
+        size_start = self.spent() if incumbent in live else 0.0
+
+        def more(done: int) -> bool:
+            """Another round where the incumbent and a challenger are still close, within this size's
+            share, the budget and MAX_EXTRA_ROUNDS (the same answer on every rank)."""
+            ok = {n: PointTimes.from_rounds(samples[n]) for n in live if not failed[n] and samples[n]}
+            if done >= rounds + MAX_EXTRA_ROUNDS or incumbent not in ok or not any(
+                    undecided(t, ok[incumbent], self.margin) for n, t in ok.items() if n != incumbent):
+                return False
+            spent = self.spent()
+            return spent < self.budget and spent - size_start < share_s
+
+        r = 0
+        while r < rounds or more(r):
             for name in (live if r % 2 == 0 else live[::-1]):
                 if failed[name]:
                     continue
@@ -363,7 +383,8 @@ class Prober:
                 if not all(math.isfinite(s) for s in slowest):
                     failed[name] = failed[name] or "failed while timed on another rank"
                 samples[name].append(slowest)
-            if r + 1 >= MIN_ROUNDS and r + 1 < rounds and self.spent() >= self.budget:
+            r += 1
+            if MIN_ROUNDS <= r < rounds and self.spent() >= self.budget:
                 break  # the budget is spent: the rounds so far decide (every rank stops after the same round)
         local = {}
         for name in live:
@@ -408,7 +429,7 @@ def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Ba
     deployment without a file may choose from beside `baseline`.
     """
     budget, started = budget_s(), _now()
-    prober = Prober(ctx, backends, budget)
+    prober = Prober(ctx, backends, budget * MEASURE_SHARE, thresholds.margin if thresholds else DEFAULT_MARGIN)
     if thresholds is None:
         outcome = _build(ctx, prober, mode, candidates, baseline, dtypes)
     else:
@@ -442,7 +463,7 @@ def _check(ctx: GroupContext, prober: Prober, thresholds: Thresholds, mode: str,
         for size in sizes:
             share = max(0.0, prober.budget - prober.spent()) / max(left, 1)
             left -= 1
-            got = prober.measure([b.below, b.above], b.op, b.dtype, b.mode, size, share)
+            got = prober.measure([b.below, b.above], b.op, b.dtype, b.mode, size, share, b.choice(size))
             if got is not None:
                 points[size] = got
         verdicts.append(judge(b, sizes, points, margin))
@@ -485,7 +506,7 @@ def _build(ctx: GroupContext, prober: Prober, mode: str, candidates: tuple[str, 
         n = elements_per_rank(op, size, ctx.world_size, DTYPES[dtype].itemsize)
         nbytes = OP_SPECS[op].nbytes(n, ctx.world_size, DTYPES[dtype].itemsize)
         share = max(0.0, prober.budget - prober.spent()) / (len(plan) - i)
-        got = prober.measure(names, op, dtype, "eager", nbytes, share)
+        got = prober.measure(names, op, dtype, "eager", nbytes, share, baseline)
         if got is not None:
             choices.setdefault((op, dtype), []).append((nbytes, winner(baseline, names[1:], got, DEFAULT_MARGIN)))
     if not choices:

@@ -295,7 +295,8 @@ def _open_dispatch(comm):
     if not taken:
         routes.close()
         if not opened.problems:
-            _say(comm, logging.INFO, f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}")
+            ladder = f" ({routes.ladder.line})" if routes.ladder is not None else ""
+            _say(comm, logging.INFO, f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}{ladder}")
         return None
     run_ids = ", ".join(r.run_id for r in thresholds.runs)
     _say(comm, logging.INFO, f"{opened.line}; everything else goes to vLLM's {_base_name(comm)} "

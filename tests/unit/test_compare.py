@@ -61,3 +61,23 @@ def test_cli_exits_non_zero_below_the_agreement_asked_for(tmp_path):
     assert low.exit_code == 1
     missing = runner.invoke(app, ["compare", str(a.path), str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "not an arxtune run" in missing.output
+
+
+def test_a_tie_costs_no_regret_but_its_raw_regret_shows_the_noise(tmp_path):
+    # Two backends of the same speed, with wide noise and few samples (the same seeds each run, so it is deterministic):
+    # both runs keep the baseline; the medians differ by chance, which only the raw regret shows.
+    tie = lambda b, n: 100.0  # noqa: E731
+    a = make_run(tmp_path / "a", tie, SIZES, run_id="a", spread=0.2, n=50)
+    b = make_run(tmp_path / "b", tie, SIZES, run_id="b", spread=0.2, n=50)
+    result = compare_runs(a, b)
+    assert result.agreement == 1.0 and max(result.regrets()) == 0.0
+    assert max(result.regrets(raw=True)) > 0.01
+    assert "raw, against the other's fastest median" in result.summary()
+
+
+def test_regret_is_against_the_other_runs_choice_and_never_below_zero():
+    from arxtune.harness.compare import regret
+
+    assert regret({"gloo": 100.0, "fast": 50.0}, "gloo", "fast") == (1.0, 1.0)
+    assert regret({"gloo": 100.0, "fast": 50.0}, "fast", "gloo") == (0.0, 0.0)
+    assert regret({"gloo": 100.0, "fast": 50.0, "x": 40.0}, "gloo", "gloo") == (0.0, 1.5)

@@ -79,10 +79,36 @@ def _paired(nbytes, base_rounds, fast_rounds):
 
 
 def test_a_win_in_most_rounds_displaces_the_baseline_despite_bad_rounds():
-    # 'fast' is 5-10x faster in three rounds; in two a descheduled rank made it slower: intervals overlap.
-    rows = _paired(1024, [800, 700, 3000, 3000, 600], [3400, 90, 100, 3500, 90])
-    rows += _paired(2048, [3600, 600, 700, 3900, 800], [150, 3400, 160, 150, 3700])
+    # 'fast' is 5-10x faster in most of 15 rounds (5 and 10 extra); in a few a descheduled rank made it slower.
+    good, bad = [90, 100, 300, 90, 95] * 3, [3400, 3500]
+    rows = _paired(1024, [800, 700, 3000, 3000, 600] * 3, bad + good[2:])
+    rows += _paired(2048, [3600, 600, 700, 3900, 800] * 3, good[:10] + bad + good[12:])
     assert [b for _, b in measured_winners(pd.DataFrame(rows), "gloo", 0.05)] == ["fast", "fast"]
+
+
+def test_a_win_in_three_or_four_rounds_of_five_is_not_yet_clear_and_asks_for_more_rounds():
+    from arxtune.runtime.decision import PointTimes, clearly_faster, rounds_needed, undecided
+
+    base = PointTimes.from_rounds([[800], [700], [3000], [3000], [600]])
+    four = PointTimes.from_rounds([[3400], [90], [100], [300], [90]])
+    assert not clearly_faster(four, base, 0.05) and undecided(four, base, 0.05)
+    fast = PointTimes.from_rounds([[3400], [90], [100], [3500], [90]])
+    assert not clearly_faster(fast, base, 0.05) and undecided(fast, base, 0.05)
+    # Ten more rounds like the good ones settle it; a tie that wins about half its rounds never wins.
+    more = lambda t, extra: PointTimes.from_rounds([[m] for m in t.round_medians_us] + [[extra]] * 10)  # noqa: E731
+    assert clearly_faster(more(fast, 90.0), more(base, 700.0), 0.05)
+    tie = PointTimes.from_rounds([[90.0 if k % 2 else 110.0] for k in range(20)])
+    assert not clearly_faster(tie, PointTimes.from_rounds([[100.0]] * 20), 0.05)
+    assert [rounds_needed(n) for n in (2, 4, 5, 10, 15, 20)] == [2, 4, 5, 8, 11, 14]
+
+
+def test_clear_wins_and_clear_losses_are_decided():
+    from arxtune.runtime.decision import PointTimes, undecided
+
+    base = PointTimes.from_rounds([[100.0]] * 5)
+    assert not undecided(PointTimes.from_rounds([[50.0]] * 5), base, 0.05)
+    assert not undecided(PointTimes.from_rounds([[150.0]] * 5), base, 0.05)
+    assert undecided(PointTimes.from_rounds([[96.0]] * 5), base, 0.05)  # right at the margin's edge
 
 
 def test_a_win_in_a_minority_of_rounds_keeps_the_baseline():
@@ -92,7 +118,10 @@ def test_a_win_in_a_minority_of_rounds_keeps_the_baseline():
         row["median_us"] = 60.0  # pooled over rounds of unequal length, the median alone would say 'fast'
     assert {b for _, b in measured_winners(pd.DataFrame(rows), "gloo", 0.05)} == {"gloo"}
     for row in rows[1::2]:
-        row["round_medians_us"] = (50, 50, 50, 120, 120)
+        row["round_medians_us"] = (50, 50, 50, 120, 120)  # three of five: not enough to be sure
+    assert {b for _, b in measured_winners(pd.DataFrame(rows), "gloo", 0.05)} == {"gloo"}
+    for row in rows[1::2]:
+        row["round_medians_us"] = (50, 50, 50, 50, 50)
     assert {b for _, b in measured_winners(pd.DataFrame(rows), "gloo", 0.05)} == {"fast"}
 
 

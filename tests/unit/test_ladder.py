@@ -140,3 +140,35 @@ def test_a_run_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog
     points = {("gloo", "all_reduce", "float32", "eager", 4096): _ok("gloo", 30.0)}
     assert ladder.write_run(ctx, _Prober(points), "gloo", "", {}, "check") == ""
     assert "cannot write its run" in caplog.text
+
+
+class _Sleeps:
+    """A correct world-of-one all_reduce that takes `seconds` a call."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def all_reduce(self, inp, out):
+        import time
+
+        time.sleep(self.seconds)
+        out.copy_(inp)
+
+
+@pytest.mark.parametrize("challenger_s,extra", [(0.00096, True), (0.0002, False)])
+def test_the_ladder_adds_rounds_only_where_the_two_sides_are_close(challenger_s, extra):
+    import torch.distributed as dist
+
+    from arxtune.runtime.backends import GroupContext
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ctx = GroupContext(0, 1, 0, torch.device("cpu"), dist.group.WORLD)
+        prober = ladder.Prober(ctx, {"x": _Sleeps(0.001), "y": _Sleeps(challenger_s)}, budget=10.0)
+        got = prober.measure(["x", "y"], "all_reduce", "float32", "eager", 4 * KiB, 1.0, incumbent="x")
+    finally:
+        dist.destroy_process_group()
+    # 4% apart, at the margin's edge: every extra round; 5x apart: the first rounds settle it, and y wins.
+    want = ladder.ROUNDS + (ladder.MAX_EXTRA_ROUNDS if extra else 0)
+    assert [len(got[n].rounds) for n in ("x", "y")] == [want, want]
+    assert winner("x", ["y"], got, 0.05) == ("x" if extra else "y")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -131,3 +133,28 @@ def test_cpu_views_eager_times_calls_back_to_back_and_isolated_one_call():
         per_call_us = timer.time_once(op)
         assert (timer.view, timer.ops_per_sample, len(calls)) == (view, count, count)
         assert 1000 <= per_call_us < 1000 * EAGER_OPS_PER_SAMPLE  # per call, not per sample
+
+
+class SleepingBackend(LoggingBackend):
+    """A correct world-of-one all_reduce that takes `seconds` a call."""
+
+    def __init__(self, name: str, log: list[str], seconds: float):
+        super().__init__(name, log)
+        self.seconds = seconds
+
+    def all_reduce(self, inp, out):
+        self.log.append(self.name)
+        time.sleep(self.seconds)
+        out.copy_(inp)
+
+
+@pytest.mark.parametrize("challenger_s,extra", [(0.00096, True), (0.0002, False)])
+def test_rounds_are_added_only_where_the_baseline_and_a_challenger_are_close(solo_group, challenger_s, extra):
+    config = SweepConfig(backends=("gloo",), baseline="x", rounds=4, max_extra_rounds=4, warmup_iters=1, min_iters=8,
+                         max_iters=8, point_budget_s=1e-6)
+    log: list[str] = []
+    ready = {"x": SleepingBackend("x", log, 0.001), "y": SleepingBackend("y", log, challenger_s)}
+    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("x", "y")), ready)
+    # 4% apart, at the margin's edge: every extra round is taken; 5x apart: the four rounds settle it.
+    assert [len(r.round_iters) for r in records] == ([8, 8] if extra else [4, 4])
+    assert _blocks(log)[-3:] == ["x", "y", "x"]  # the order still alternates: ... x y | y x

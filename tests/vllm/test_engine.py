@@ -5,7 +5,10 @@ ranges send decode-sized all-reduces and the logits all-gather to the routed
 backend and everything else to vLLM's path; the same greedy tokens must come
 out, and every TP worker's counts must show both kinds of range taken. Then a
 wrong-world-size and a corrupt thresholds file each start an engine: one
-warning, vLLM's own path, the same tokens. The routed backend comes from
+warning, vLLM's own path, the same tokens. The routed arm starts with the
+start-up ladder in `check`, one more engine with it in `adjust`: each
+plugin's start-up line carries the ladder's verdict, and the tokens are
+vLLM's own. The routed backend comes from
 ARXTUNE_VLLM_TEST_BACKEND (gloo; arx inside the soft-RoCE guest).
 """
 
@@ -50,7 +53,8 @@ def compared(tmp_path_factory):
     args = ["--thresholds", str(path), "--repeats", "1", "--rounds", str(SHAPE["rounds"]), "--prompts", str(SHAPE["prompts"]),
             "--prompt-tokens", str(SHAPE["prompt_tokens"]), "--decode-tokens", str(SHAPE["decode_tokens"]),
             "--out", str(tmp), "--run-id", "run", "--timeout-s", str(ENGINE_TIMEOUT_S)]
-    proc = subprocess.run([sys.executable, "-m", "arxtune", "e2e", *args], env=vllm_env(), cwd=ROOT, capture_output=True,
+    env = vllm_env(ARXTUNE_BOOT="check", ARXTUNE_BOOT_OUT=str(tmp / "boot"))  # the start-up ladder's default policy, said
+    proc = subprocess.run([sys.executable, "-m", "arxtune", "e2e", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=2 * ENGINE_TIMEOUT_S + 60)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     result = json.loads((tmp / "run" / "e2e.json").read_text())
@@ -110,5 +114,31 @@ def test_bad_thresholds_at_engine_start_warn_once_and_keep_tokens(compared, tmp_
     assert ("world" in warnings[0]) if case == "world4" else ("JSON" in warnings[0])
     for worker in result["workers"]:
         assert all(key.endswith(":vllm") for key in worker["calls"] or {}), worker
+    reference = json.loads((compared["run_dir"] / "engine-00-vllm.json").read_text())
+    assert [[r["token_ids"] for r in rnd] for rnd in result["rounds"]] == [[r["token_ids"] for r in rnd] for rnd in reference["rounds"]]
+
+
+#: The start-up ladder's part of the plugin's line: its policy, the two boundaries and each one's verdict.
+LADDER_LINE = r"ladder {policy}: 2 boundaries, .*\((all_reduce|all_gather)/bfloat16 \S+ \S+ (held|contradicted|unclear|not judged|-> \S+).*\) in [0-9.]+ s of"
+
+
+def _ladder_lines(log: str, policy: str) -> list[str]:
+    return [line for line in log.splitlines() if "arxtune: " in line and re.search(LADDER_LINE.format(policy=policy), line)]
+
+
+def test_the_routed_engine_started_with_the_ladder_in_check_and_said_its_verdict(compared):
+    log = (compared["run_dir"] / "engine-01-thresholds.log").read_text()
+    lines = _ladder_lines(log, "check")
+    assert len(lines) == 1, [line for line in log.splitlines() if "arxtune" in line]
+    assert list((compared["run_dir"].parent / "boot").glob("boot-w2-*/points.csv")), "rank 0 wrote the ladder's run"
+
+
+def test_the_engine_starts_with_the_ladder_in_adjust_and_keeps_vllms_tokens(compared, tmp_path):
+    path = routed_thresholds().save(tmp_path / "routed.json")
+    spec = engine_spec(E2EConfig(**SHAPE))
+    env = {"ARXTUNE_THRESHOLDS": str(path), "ARXTUNE_BOOT": "adjust", "ARXTUNE_BOOT_OUT": str(tmp_path / "boot")}
+    result = run_engine(spec, env, tmp_path / "adjust", ENGINE_TIMEOUT_S)
+    log = (tmp_path / "adjust.log").read_text()
+    assert len(_ladder_lines(log, "adjust")) == 1, [line for line in log.splitlines() if "arxtune" in line]
     reference = json.loads((compared["run_dir"] / "engine-00-vllm.json").read_text())
     assert [[r["token_ids"] for r in rnd] for rnd in result["rounds"]] == [[r["token_ids"] for r in rnd] for rnd in reference["rounds"]]

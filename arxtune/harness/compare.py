@@ -7,7 +7,7 @@ samples together) are within `tolerance` of each other: either choice would
 then serve as well. Regret is what a run's choice costs when judged by the
 other run: its median there over the median of the other run's own choice,
 minus one (0 where the two choose alike, and never below 0). The raw regret
-beside it, the issue's first measure, judges the choice against the fastest
+beside it judges the choice against the fastest
 median of the other run whatever that run chose: between two backends that
 tie, it measures the noise of the medians, not the cost of a choice.
 """

@@ -304,7 +304,7 @@ class PointRunner:
         return PointRecord(*timed.point.key, nbytes=timed.nbytes, world_size=self.ctx.world_size, status="ok",
                            samples_us=tuple(timed.samples), round_iters=tuple(timed.round_iters))
 
-    def _close(self, group: PointGroup, active: list[_Timed], records: dict[str, PointRecord]) -> bool:
+    def _close(self, active: list[_Timed], records: dict[str, PointRecord]) -> bool:
         """Whether the baseline and a challenger are still close (another round could change the
         decision rule's answer); the same on every rank, since every rank holds the same samples."""
         timed = {t.point.backend: t for t in active if t.point.backend not in records and t.samples}
@@ -325,7 +325,7 @@ class PointRunner:
                 active.append(prepared)
         round_no = 0
         while round_no < self.config.rounds or (round_no < self.config.rounds + self.config.max_extra_rounds
-                                                and self._close(group, active, records)):
+                                                and self._close(active, records)):
             for timed in (active if round_no % 2 == 0 else active[::-1]):
                 if timed.point.backend not in records:
                     failure = self._round(timed)

@@ -166,7 +166,12 @@ def _backend_status(value, where: str) -> dict:
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", "run metadata")
+    """The loader refuses numbers JSON cannot hold (inf, nan): refuse them here too, before the file is replaced."""
+    try:
+        text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
+    except ValueError as exc:
+        raise ArxtuneError(f"run metadata for {path} holds a number that is not finite ({exc}); {path} is left as it was") from None
+    write_text_atomic(path, text + "\n", "run metadata")
 
 
 class RunWriter:

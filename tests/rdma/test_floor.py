@@ -21,6 +21,13 @@ def test_parse_write_lat_takes_t_typical():
     assert parse_write_lat(SAMPLE) == 24.61
 
 
+def test_a_figure_that_is_not_a_latency_is_refused_not_recorded():
+    """Under a VM perftest's clock conversion can fail and print inf: that must not reach a run's meta.json."""
+    for bad in ("inf", "0.00", "nan"):
+        with pytest.raises(RdmaError, match=f"t_typical of {bad} us, not a latency"):
+            parse_write_lat(SAMPLE.replace("24.61", bad))
+
+
 def test_parse_write_lat_without_a_row_is_a_clear_error():
     with pytest.raises(RdmaError, match="t_typical row"):
         parse_write_lat("Couldn't connect to 127.0.0.1:18515")

@@ -218,3 +218,14 @@ def test_a_version_2_run_is_read_and_resumed_in_its_own_format(tmp_path):
     again = load_run(run.path)
     assert again.meta.version == 2 and [r.size for r in again.records] == [1024, 2048, 4096]
     assert points.read_bytes().startswith(b"backend,op,dtype,mode,")
+
+
+def test_metadata_with_a_number_json_cannot_hold_is_refused_and_the_earlier_file_kept(tmp_path):
+    from arxtune.harness import results
+    from arxtune.runtime.errors import ArxtuneError
+
+    path = tmp_path / "meta.json"
+    path.write_text('{"fabric_floor_us": 24.6}\n')
+    with pytest.raises(ArxtuneError, match="not finite"):
+        results._write_json_atomic(path, {"fabric_floor_us": float("inf")})
+    assert path.read_text() == '{"fabric_floor_us": 24.6}\n'

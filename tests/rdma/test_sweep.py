@@ -23,7 +23,11 @@ def test_sweep_with_arx_and_arx2_writes_run_thresholds_and_plot():
 
     out_dir = REPO / ".cache" / "rdma-tier"
     shutil.rmtree(out_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "arxtune", "sweep", "--backends", "gloo,arx,arx2",
+    out_dir.mkdir(parents=True)
+    # An emulated guest starts two torch ranks in minutes: a rendezvous bound above the launcher's 180 s default.
+    config = out_dir / "sweep.toml"
+    config.write_text("[sweep]\ntimeout_s = 300\n")
+    cmd = [sys.executable, "-m", "arxtune", "sweep", "-c", str(config), "--backends", "gloo,arx,arx2",
            "--ops", "all_reduce,all_gather,reduce_scatter", "--dtypes", "float32,bfloat16", "--views", "eager",
            "--min-bytes", "4KiB", "--max-bytes", "1MiB", "--step-factor", "16", "--point-budget-s", "0.05",
            "--nproc-per-node", "2", "--out", str(out_dir), "--run-id", "rdma-tier", "--no-progress"]

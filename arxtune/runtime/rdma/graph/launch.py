@@ -47,8 +47,9 @@ def direct_runner(compiled, grid: tuple[int, ...]) -> Callable:
 
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
         hooks = knobs.runtime
-        hooks.launch_enter_hook, hooks.launch_exit_hook
     except (ImportError, AttributeError):  # a Triton laid out otherwise: its own runner serves
+        return runner
+    if not all(hasattr(hooks, name) for name in ("launch_enter_hook", "launch_exit_hook")):
         return runner
     x, y, z = grid
 

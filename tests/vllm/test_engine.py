@@ -37,12 +37,19 @@ ENGINE_TIMEOUT_S = max(600.0, RUN_TIMEOUT_S)
 pytestmark = pytest.mark.timeout(3 * ENGINE_TIMEOUT_S)
 
 
+#: Decode-sized all-reduces and the logits all-gather of a full batch to B; prefill sizes and the
+#: all-gather of a step that holds fewer prompts to vLLM's path.
+ROUTED = {"all_reduce": [(0, B), (4 * KiB, VLLM)], "all_gather": [(0, VLLM), (8 * KiB, B)]}
+
+
 def routed_thresholds(world: int = 2):
-    """Decode-sized all-reduces and the logits all-gather to B; prefill and start-up sizes to vLLM's path."""
-    return thresholds_for(world, "bfloat16", {
-        "all_reduce": [(0, B), (4 * KiB, VLLM)],
-        "all_gather": [(0, VLLM), (8 * KiB, B)],
-    }, run_id="tests-vllm-engine")
+    return thresholds_for(world, "bfloat16", ROUTED, run_id="tests-vllm-engine")
+
+
+def routed_to(op: str, nbytes: int) -> str:
+    """The plugin's counter name for where ROUTED sends `op` at `nbytes`."""
+    name = [backend for lower, backend in ROUTED[op] if lower <= nbytes][-1]
+    return "vllm" if name == VLLM else name
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +60,8 @@ def compared(tmp_path_factory):
     args = ["--thresholds", str(path), "--repeats", "1", "--rounds", str(SHAPE["rounds"]), "--prompts", str(SHAPE["prompts"]),
             "--prompt-tokens", str(SHAPE["prompt_tokens"]), "--decode-tokens", str(SHAPE["decode_tokens"]),
             "--out", str(tmp), "--run-id", "run", "--timeout-s", str(ENGINE_TIMEOUT_S)]
-    env = vllm_env(ARXTUNE_BOOT="check", ARXTUNE_BOOT_OUT=str(tmp / "boot"))  # the start-up ladder's default policy, said
+    # the start-up ladder's default policy, said; one log line per call
+    env = vllm_env(ARXTUNE_BOOT="check", ARXTUNE_BOOT_OUT=str(tmp / "boot"), ARXTUNE_VLLM_LOG="calls")
     proc = subprocess.run([sys.executable, "-m", "arxtune", "e2e", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=2 * ENGINE_TIMEOUT_S + 60)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
@@ -72,6 +80,10 @@ def test_same_tokens_with_and_without_the_plugin(compared):
     assert (compared["run_dir"] / "e2e.png").stat().st_size > 0
 
 
+#: The plugin's line for one call under ARXTUNE_VLLM_LOG=calls.
+CALL_LINE = re.compile(r"\(Worker_TP(\d) .*\] arxtune: (all_reduce|all_gather|reduce_scatter) torch\.bfloat16 (\d+) bytes -> (\S+)$")
+
+
 def test_every_worker_took_both_kinds_of_range(compared):
     engines = {e["arm"]: e for e in compared["engines"]}
     plain = engines["vllm"]["workers"]
@@ -81,10 +93,21 @@ def test_every_worker_took_both_kinds_of_range(compared):
     for worker in routed:
         calls = worker["calls"]
         assert worker["communicator"] == "ArxtuneCpuCommunicator"
-        for op in ("all_reduce", "all_gather"):
-            assert calls.get(f"{op}:{B}", 0) > 0 and calls.get(f"{op}:vllm", 0) > 0, worker
+        assert calls.get(f"all_reduce:{B}", 0) > 0 and calls.get("all_reduce:vllm", 0) > 0, worker
+        assert calls.get(f"all_gather:{B}", 0) > 0, worker
         # decode steps (8 per prompt batch, 2 layers x 2 all-reduces each) all went to B
         assert calls[f"all_reduce:{B}"] >= SHAPE["rounds"] * (SHAPE["decode_tokens"] - 1) * 4, worker
+
+
+def test_every_logged_call_went_where_its_size_says(compared):
+    log = (compared["run_dir"] / "engine-01-thresholds.log").read_text()
+    logged = [m.groups() for m in map(CALL_LINE.search, log.splitlines()) if m]
+    routed = {e["arm"]: e for e in compared["engines"]}["thresholds"]["workers"]
+    for worker in routed:
+        mine = [(op, int(nbytes), took) for rank, op, nbytes, took in logged if int(rank) == worker["tp_rank"]]
+        assert len(mine) == sum(worker["calls"].values()), "one line per counted call"
+        wrong = [(op, nbytes, took) for op, nbytes, took in mine if took != routed_to(op, nbytes)]
+        assert not wrong, wrong[:5]
 
 
 def test_timings_come_from_vllm_request_metrics(compared):

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections import Counter
 
 from arxtune.runtime.ops import OP_SPECS
@@ -272,6 +273,8 @@ def read_thresholds(world_size: int, model_dtype=None):
 
 def _open_dispatch(comm):
     from arxtune.runtime import dispatch
+
+    started = time.perf_counter()
     from arxtune.runtime.backends.base import GroupContext
 
     device = comm.device
@@ -296,9 +299,10 @@ def _open_dispatch(comm):
         routes.close()
         if not opened.problems:
             ladder = f" ({routes.ladder.line})" if routes.ladder is not None else ""
-            _say(comm, logging.INFO, f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}{ladder}")
+            _say(comm, logging.INFO, f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}{ladder}"
+                 f"; set up in {time.perf_counter() - started:.2f} s")
         return None
     run_ids = ", ".join(r.run_id for r in thresholds.runs)
     _say(comm, logging.INFO, f"{opened.line}; everything else goes to vLLM's {_base_name(comm)} "
-         f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''})")
+         f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''}); set up in {time.perf_counter() - started:.2f} s")
     return routes

@@ -10,6 +10,7 @@ ARXTUNE_VLLM_TEST_BACKEND (default gloo; arx in the soft-RoCE guest).
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import pytest
@@ -121,6 +122,7 @@ def test_startup_says_which_ranges_it_takes(tp_run):
     assert "graph " not in line.split(" takes ")[1], "the graph tables name only backends that cannot be captured"
     assert "everything else goes to vLLM's CpuCommunicator" in line
     assert ".config/arxtune/thresholds.json" in line  # found at the default location
+    assert re.search(r"\); set up in [0-9]+\.[0-9]{2} s$", line), line  # the plugin's own start-up time, said
     assert not [m for lvl, m in rank0["startup_log"] if lvl == "WARNING"]
     assert not [m for lvl, m in rank1["startup_log"] if lvl == "INFO"], "one line per group, from its rank 0"
     assert "arxtune: tp:0 (world 2): tables eager" in rank0["output"], "the line goes through vLLM's log handler"

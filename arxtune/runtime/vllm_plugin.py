@@ -272,9 +272,8 @@ def read_thresholds(world_size: int, model_dtype=None):
 
 
 def _open_dispatch(comm):
-    from arxtune.runtime import dispatch
-
     started = time.perf_counter()
+    from arxtune.runtime import dispatch
     from arxtune.runtime.backends.base import GroupContext
 
     device = comm.device

@@ -3,7 +3,10 @@
 `arxtune e2e` runs two engines, vLLM as it is and with thresholds whose
 ranges send decode-sized all-reduces and the logits all-gather to the routed
 backend and everything else to vLLM's path; the same greedy tokens must come
-out, and every TP worker's counts must show both kinds of range taken. Then a
+out; every TP worker's counts must show both all-reduce ranges taken, and
+every call the plugin logged must have gone where its size's range says
+(how many prompts share a step depends on when the engine core picks the
+requests up, so which all-gather sizes occur varies from run to run). Then a
 wrong-world-size and a corrupt thresholds file each start an engine: one
 warning, vLLM's own path, the same tokens. The routed arm starts with the
 start-up ladder in `check`, one more engine with it in `adjust`: each

@@ -68,8 +68,11 @@ def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measu
             "--step-factor", "4", "--point-budget-s", "0.3", "--no-progress"]
     run = tmp_path / "run"
     points = run / POINTS_FILE
+    # As from a terminal's foreground: Ctrl-C's SIGINT not ignored, though a shell's background job (where this
+    # test may run) starts its children with it ignored.
     sweep = subprocess.Popen([sys.executable, "-m", "arxtune", "sweep", *slow, "--out", str(tmp_path), "--run-id", "run"],
-                             env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and sweep.poll() is None and not (points.exists() and points.read_text().count("\n") >= 3):
         time.sleep(0.1)

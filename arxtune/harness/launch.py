@@ -92,6 +92,14 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def tell_launcher(line: str) -> None:
+    """One line of a rank's stderr for the launcher to read, in one write. The ranks share one pipe,
+    unbuffered (PYTHONUNBUFFERED above), where print() writes a text and its newline apart: two ranks'
+    lines could come out as one ("arxtune: joinedarxtune: joined") and go unrecognised."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 #: Rank lines the user sees as they come; errors are held back and said once at the end.
 ERROR_PREFIX = "arxtune: error: "
 RUN_PREFIX = "arxtune: run directory "

@@ -34,7 +34,7 @@ from arxtune.runtime.ops import DTYPES, OP_SPECS, elements_per_rank, expected_ou
 from arxtune.harness.config import SweepConfig, format_bytes, from_mapping
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
-from arxtune.harness.launch import JOINED_LINE
+from arxtune.harness.launch import JOINED_LINE, RUN_PREFIX, tell_launcher
 from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, undecided
 from arxtune.runtime.timing import Timer, has_timer, make_timer
 
@@ -350,7 +350,7 @@ def _progress(enabled: bool, total: int):
 def run(config: SweepConfig, run_id: str | None = None, resume: str | None = None, progress: bool = True) -> Path:
     """Sweep under torchrun; returns the run directory (rank 0 writes it, all ranks return its path)."""
     ctx = distributed.init(config.timeout_s, config.backend_options)
-    print(JOINED_LINE, file=sys.stderr, flush=True)  # the launcher's sign that the rendezvous is over
+    tell_launcher(JOINED_LINE)  # the launcher's sign that the rendezvous is over
     finished = False
     try:
         path = _run(config, ctx, run_id, resume, progress)
@@ -409,7 +409,7 @@ def _prepare(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume:
         return None, ("", None, set(), "")
     try:
         writer = _open_writer(config, ctx, run_id, resume, baseline, hosts)
-        print(f"arxtune: run directory {writer.path}", file=sys.stderr, flush=True)
+        tell_launcher(f"{RUN_PREFIX}{writer.path}")
         return writer, ("", from_mapping(writer.meta.config), set(writer.done), str(writer.path))
     except ArxtuneError as exc:
         return None, (str(exc), None, set(), "")

@@ -100,3 +100,37 @@ def test_a_job_that_ends_before_its_joined_line_is_read_is_a_failed_rank_not_a_g
     result = launch.run_under_torchrun(_plan(120.0), [])
     assert result.code == 1 and result.joined.is_set()
     assert not any("did not form a group" in e for e in result.errors), result.errors
+
+
+#: A rank saying its lines as the sweep does; argv: when to start (time.time()), how many, and "print"
+#: to say them with print() instead.
+SAYS_JOINED = r"""
+import sys, time
+from arxtune.harness.launch import JOINED_LINE, tell_launcher
+say = (lambda line: print(line, file=sys.stderr, flush=True)) if sys.argv[3:] == ["print"] else tell_launcher
+time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
+for _ in range(int(sys.argv[2])):
+    say(JOINED_LINE)
+"""
+
+
+def _ranks_lines(how: list[str], ranks: int = 3, lines: int = 20000) -> list[str]:
+    """The lines `ranks` processes write at once to one unbuffered stderr pipe, as torchrun's ranks share the launcher's."""
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    env = launch.child_env()
+    start = str(time.time() + 3)  # all at once, after their imports
+    procs = [subprocess.Popen([sys.executable, "-c", SAYS_JOINED, start, str(lines), *how], stderr=write, env=env) for _ in range(ranks)]
+    os.close(write)
+    with os.fdopen(read) as stream:
+        got = stream.read().splitlines()
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+    return got
+
+
+def test_ranks_sharing_the_launchers_pipe_say_whole_lines():
+    got = _ranks_lines([])
+    assert len(got) == 3 * 20000 and set(got) == {launch.JOINED_LINE}, [line for line in got if line != launch.JOINED_LINE][:3]

@@ -107,8 +107,15 @@ class GpuRank:
         self._packed: dict[tuple, cudadrv.Launch] = {}
         self._entries = None  # the driver's launch entry points (tests: stand-ins)
         if launch == "native":
-            self._launch_c = cudadrv.c_entry("arxtune_launch")
-            self._function(Variant("handshake"))  # a build for this arch, or the reason there is none, now
+            try:
+                self._launch_c = cudadrv.c_entry("arxtune_launch")
+                self._function(Variant("handshake"))  # a build for this arch, or the reason there is none, now
+            except OSError as exc:
+                self._unregister()
+                raise RdmaUnavailable(f"arxg: the native launcher cannot be built here ({exc}); use launch = 'triton'") from None
+            except BaseException:
+                self._unregister()
+                raise
 
     def _register(self, segment) -> None:
         rc = torch.cuda.cudart().cudaHostRegister(segment.address, segment.size,
@@ -122,7 +129,7 @@ class GpuRank:
     def _sources(self) -> torch.Tensor:
         """Where each rank's part of a step in each slot starts, and whether it holds every piece
         (the table collective_kernel reads), in device memory."""
-        s, width = self.s, self.k.MAX_WORLD
+        s, width = self.s, abi.MAX_WORLD
         table = [0] * (3 * width)
         for src in range(s.world):
             for slot in range(2):

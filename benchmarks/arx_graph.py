@@ -18,19 +18,23 @@ calls from Python take turns at it. Views of a bf16 all-reduce per size:
 - eager-ahead: the other ranks' calls launched first, then rank 0's from
   Python, timed on rank 0 (how this benchmark measured eager before): the ranks
   run out of phase, each step waiting for a proxy hop each way in turn.
-- isolated: in phase, each rank one call between events, synchronised before
-  and after; the slower rank's time.
+- isolated: the other ranks' calls launched first, then rank 0's one call from
+  Python between events on its stream, synchronised before and after: a rank's
+  own call with its peer already there (as a rank in its own process sees it
+  when its peer arrives first: host launch, the GPU's start, the proxies).
 - isolated-one-thread: one thread launches both ranks' calls with the stream
   hops between them, synchronised (how this benchmark measured isolated
   before); `isolated-one-thread-host` is the host time of that launch alone.
 - isolated-after-Nms (`--idle-ms N`): isolated, each sample N ms after the
-  last: the proxy has been idle (and blocks past its window).
+  last (host, GPU and proxy idle meanwhile; a proxy blocks past its window).
 - decode-D (`--busy-us D ...`): in phase, each rank launches `--eager-calls` x
   (busy kernel of D us, call) with no sync (from C where offered), less the
   busy kernels alone, per call: the slower rank's figure (timing.CudaDecodeTimer).
 
 The floor is a one-rank handshake (ring the doorbell, wait for the proxy) in
-the graph, eager and isolated views. Each memory mode (`--memory`: all, auto,
+the graph, eager and isolated views, and isolated after the idle gap; beside it,
+a plain kernel (one element incremented, no proxy) isolated and after the gap:
+what idleness costs with no proxy at all. Each memory mode (`--memory`: all, auto,
 registered, direct; all = each one the device allows, registered first) gets
 fresh ranks; the CSV (op, mode, memory, bytes, median_us, p10_us, p90_us, launch)
 and the plot are rewritten after each, so a mode that fails keeps the ones before
@@ -174,22 +178,20 @@ def measure_pair_views(pair, views, ins, outs, a, busies) -> tuple[dict[str, lis
                                              a.samples, before=lambda: pair.launch_peers("all_reduce", ins, outs, k))
             launch["eager-ahead"] = "python"
 
-        def isolated_job(r, ev):
-            ev[0].record()
-            pair.ranks[r].all_reduce(ins[r], outs[r])
-            ev[1].record()
-            return ms(ev[0], ev[1])
+        def isolated(idle_s: float = 0.0) -> list[float]:
+            def before():
+                torch.cuda.synchronize()
+                time.sleep(idle_s)
+                pair.launch_peers("all_reduce", ins, outs, 1)
+
+            return time_span(lambda: lead.all_reduce(ins[0], outs[0]), 1, a.warmup, a.samples, before=before)
 
         if "isolated" in views:
-            found["isolated"] = repeat(a.warmup + a.samples, lambda: phase.sample(isolated_job))
+            found["isolated"] = isolated()
             launch["isolated"] = "python"
         if a.idle_ms:
-            def after_idle():
-                time.sleep(a.idle_ms / 1e3)
-                return phase.sample(isolated_job)
-
             view = f"isolated-after-{a.idle_ms:g}ms"
-            found[view] = repeat(a.warmup + min(a.samples, 100), after_idle)
+            found[view] = isolated(a.idle_ms / 1e3)
             launch[view] = "python"
         if "isolated-one-thread" in views:
             host = []
@@ -254,6 +256,17 @@ def measure(memory: str, a, dtype: torch.dtype) -> list[dict]:
         rows.append(row("handshake", "eager", memory, 0, time_span(
             lambda: [r0.handshake() for _ in range(a.eager_calls)], a.eager_calls, a.warmup, a.samples), "python"))
         rows.append(row("handshake", "isolated", memory, 0, time_span(r0.handshake, 1, a.warmup, a.samples), "python"))
+        x = torch.zeros(1, device="cuda")
+        rows.append(row("plain kernel", "isolated", memory, 0, time_span(lambda: x.add_(1), 1, a.warmup, a.samples), "python"))
+        if a.idle_ms:
+            def idle():
+                torch.cuda.synchronize()
+                time.sleep(a.idle_ms / 1e3)
+
+            view = f"isolated-after-{a.idle_ms:g}ms"
+            rows.append(row("handshake", view, memory, 0, time_span(r0.handshake, 1, a.warmup, a.samples, idle), "python"))
+            rows.append(row("plain kernel", view, memory, 0, time_span(lambda: x.add_(1), 1, a.warmup, a.samples, idle),
+                            "python"))
         torch.cuda.synchronize()
         floor.check()
     finally:
@@ -387,12 +400,12 @@ def main() -> int:
     floors = {(r["memory"], r["mode"]): r["median_us"] for r in rows if r["op"] == "handshake"}
     graph_floor = {m: floors.get((m, "graph")) for m, _ in modes}
     print(title)
-    print(f"{'op':<11} {'memory':<10} {'bytes':>9} {'view':<26} {'launch':<7} {'median us':>10} {'p10':>8} {'p90':>8} "
+    print(f"{'op':<13} {'memory':<10} {'bytes':>9} {'view':<26} {'launch':<7} {'median us':>10} {'p10':>8} {'p90':>8} "
           f"{'x graph floor':>13}")
     for r in rows:
         floor = graph_floor.get(r["memory"])
         ratio = f"{r['median_us'] / floor:13.2f}" if floor else f"{'':>13}"
-        print(f"{r['op']:<11} {r['memory']:<10} {r['bytes']:>9} {r['mode']:<26} {r['launch']:<7} {r['median_us']:>10.2f} "
+        print(f"{r['op']:<13} {r['memory']:<10} {r['bytes']:>9} {r['mode']:<26} {r['launch']:<7} {r['median_us']:>10.2f} "
               f"{r['p10_us']:>8.2f} {r['p90_us']:>8.2f} {ratio}")
     for path in (a.out, a.plot):
         if path and rows:

@@ -50,8 +50,15 @@ timeout 240 $PY benchmarks/arx_graph.py --memory all --samples 100 --sizes "$siz
   --plot "$out/arx_graph.png" > "$out/arx_graph.txt" 2>&1 || status=1
 cat "$out/arx_graph.txt"
 
+step "sweep at world 1"
+tmp=$(mktemp -d)
+timeout 240 $PY -m arxtune sweep -c configs/sweep/h200.toml --backends arxg,nccl --ops all_reduce --dtypes bfloat16 \
+  --views eager,isolated,graph,decode --min-bytes 4KiB --max-bytes 64KiB --step-factor 4 --nproc-per-node 1 \
+  --out "$tmp" --no-progress > "$out/sweep.log" 2>&1 || status=1
+tail -n 40 "$out/sweep.log"
+tar -czf "$out/sweep.tar.gz" -C "$tmp" . && rm -rf "$tmp"
 step "gpu tier"
-PYTEST_ADDOPTS=-rs timeout 300 make test-gpu GPU_PYTHON="$PY" > "$out/test-gpu.log" 2>&1 || status=1
+PYTEST_ADDOPTS=-rs timeout 240 make test-gpu GPU_PYTHON="$PY" > "$out/test-gpu.log" 2>&1 || status=1
 tail -n 30 "$out/test-gpu.log"
 
 step "host share of an eager call"
@@ -62,12 +69,5 @@ step "the proxy's wait policy"
 timeout 180 $PY benchmarks/arxg_proxy_wait.py --gpu --busy-us 50 200 2000 --samples 50 > "$out/proxy_wait.txt" 2>&1 || status=1
 cat "$out/proxy_wait.txt"
 
-step "sweep at world 1"
-tmp=$(mktemp -d)
-timeout 240 $PY -m arxtune sweep -c configs/sweep/h200.toml --backends arxg,nccl --ops all_reduce --dtypes bfloat16 \
-  --views eager,isolated,graph,decode --min-bytes 4KiB --max-bytes 64KiB --step-factor 4 --nproc-per-node 1 \
-  --out "$tmp" --no-progress > "$out/sweep.log" 2>&1 || status=1
-tail -n 40 "$out/sweep.log"
-tar -czf "$out/sweep.tar.gz" -C "$tmp" . && rm -rf "$tmp"
 step "done, status $status"
 exit $status

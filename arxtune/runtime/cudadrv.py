@@ -226,7 +226,7 @@ class BusyKernel:
         import torch
 
         with torch.cuda.device(device_index):
-            torch.cuda.current_stream()  # the device's primary context is current from here on
+            torch.empty(1, device=f"cuda:{device_index}")  # the device's primary context exists and is current
             ctx = current_context()
             func = _busy_function(ctx)
         self.us, self.device_index = us, device_index

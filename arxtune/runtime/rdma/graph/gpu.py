@@ -18,6 +18,8 @@ turn a timed-out wait into an error naming peer and op.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from arxtune.runtime import cudadrv
@@ -38,6 +40,11 @@ LAUNCHES = ("native", "triton")
 OLD_LAUNCHES = {"cached": "native"}
 #: packed launches kept per rank (one per buffer pair seen); a full cache starts over
 MAX_PACKED = 4096
+#: (context, source, arch, variant) -> its loaded kernel, shared by every rank of the process: loading a
+#: module waits for the GPU to go idle, so a rank that loaded its own while a peer's kernel spins on the same
+#: GPU (ranks sharing a process: tests, benchmarks) would wait for that kernel's timeout
+_LOADED: dict[tuple, int] = {}
+_LOADING = threading.Lock()
 
 
 class HostPtr:
@@ -179,8 +186,13 @@ class GpuRank:
         return found
 
     def _load(self, image: abi.KernelImage) -> int:
-        with torch.cuda.device(self.index):
-            return cudadrv.load_function(image.cubin, image.name, image.shared)
+        key = (self.ctx, image.source, image.arch, image.variant)
+        with _LOADING:
+            func = _LOADED.get(key)
+            if func is None:
+                with torch.cuda.device(self.index):
+                    func = _LOADED[key] = cudadrv.load_function(image.cubin, image.name, image.shared)
+        return func
 
     def _pack(self, image: abi.KernelImage, func: int, grid: tuple[int, ...], named: dict) -> cudadrv.Launch:
         values = image.values({k: address(v) for k, v in named.items()})
@@ -262,11 +274,17 @@ class Rotation:
 
     def __init__(self, rank: GpuRank, op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]):
         self.rank, self.op, self.pairs = rank, op, list(zip(ins, outs))
-        self._next = 0
+        self._next, self._launches = 0, None
         native = rank.launch == "native"
-        self.launches = [rank.prepare(op, i, o) for i, o in self.pairs] if native else []
         self.repeat = self._repeat if native else None
         self.decode = self._decode if native else None
+
+    @property
+    def launches(self) -> list[cudadrv.Launch]:
+        """Each pair's packed launch, made at the first call (where a missing build is the call's error)."""
+        if self._launches is None:
+            self._launches = [self.rank.prepare(self.op, i, o) for i, o in self.pairs]
+        return self._launches
 
     def __call__(self) -> None:
         inp, out = self.pairs[self._next]

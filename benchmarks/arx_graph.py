@@ -209,8 +209,11 @@ def measure_pair_views(pair, views, ins, outs, a, busies) -> tuple[dict[str, lis
                 def decode_job(r, ev, busy=busy):
                     busy.repeat(k, ev[2], ev[3])
                     if rot is not None:
+                        rot[r].decode(1, busy)  # an untimed lead-in pair, as timing.CudaDecodeTimer
                         rot[r].decode(k, busy, ev[0], ev[1])
                     else:
+                        busy()
+                        pair.ranks[r].all_reduce(ins[r], outs[r])
                         ev[0].record()
                         for _ in range(k):
                             busy()

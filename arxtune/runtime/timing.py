@@ -15,7 +15,10 @@ per op. Three views of the same call:
   layer's length with no host sync between (the host runs ahead): a sample is
   K x (busy kernel, call) launched back to back, less K busy kernels timed
   alone in the same sample, divided by K. What a call costs between two
-  kernels: neither the launch (hidden behind the GPU's work) nor a sync.
+  kernels: neither the launch (hidden behind the GPU's work) nor a sync. One
+  untimed (busy kernel, call) pair leads the timed ones, so the first timed
+  call, like the others, follows one busy kernel's gap since the last call
+  (and not the busy kernels timed alone).
 """
 
 from __future__ import annotations
@@ -168,9 +171,16 @@ class CudaGraphTimer(_CudaEvents):
         return self._elapsed_us() / self.ops_per_sample
 
 
+#: The least a decode sample says, in microseconds: a difference of two spans, it comes out at or below zero
+#: where a call costs less than the busy kernels' own jitter (a one-rank NCCL call), and a run holds positive
+#: times only.
+DECODE_FLOOR_US = 0.01
+
+
 def decode_share_us(pairs_us: float, busy_alone_us: float, calls: int) -> float:
-    """The decode view's figure: what `calls` (busy kernel, call) pairs took beyond the busy kernels alone, per call."""
-    return (pairs_us - busy_alone_us) / calls
+    """The decode view's figure: what `calls` (busy kernel, call) pairs took beyond the busy kernels alone, per
+    call, at least DECODE_FLOOR_US."""
+    return max(DECODE_FLOOR_US, (pairs_us - busy_alone_us) / calls)
 
 
 class CudaDecodeTimer(_CudaEvents):
@@ -200,8 +210,11 @@ class CudaDecodeTimer(_CudaEvents):
         busy.repeat(calls, self.alone_start, self.alone_end)
         decode = getattr(op, "decode", None)
         if decode is not None:
+            decode(1, busy)  # the lead-in pair, untimed
             decode(calls, busy, self.start, self.end)
         else:
+            busy()
+            op()
             self.start.record()
             for _ in range(calls):
                 busy()

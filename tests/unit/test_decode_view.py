@@ -57,8 +57,18 @@ def test_a_sample_is_the_pairs_less_the_busy_kernels_alone_per_call():
     # each call costs 9 us behind a busy kernel (its launch hidden, the proxy's answer not)
     per_call = timer.time_once(lambda: gpu.run("op", 9.0))
     assert per_call == pytest.approx(9.0)
-    assert gpu.launches == ["busy"] * 4 + ["busy", "op"] * 4  # busy alone first, then the pairs, in one sample
+    # busy alone first, then an untimed lead-in pair, then the timed pairs, in one sample
+    assert gpu.launches == ["busy"] * 4 + ["busy", "op"] + ["busy", "op"] * 4
     assert decode_share_us(236.0, 200.0, 4) == 9.0
+
+
+def test_a_call_cheaper_than_the_busy_kernels_jitter_reads_the_floor_not_zero_or_less():
+    from arxtune.runtime.timing import DECODE_FLOOR_US
+
+    assert decode_share_us(199.0, 200.0, 4) == DECODE_FLOOR_US == decode_share_us(200.0, 200.0, 4)
+    gpu = Gpu()
+    timer = CudaDecodeTimer(busy_us=50.0, ops_per_sample=4, busy=Busy(gpu, 50.0), event=lambda: Event(gpu))
+    assert timer.time_once(lambda: gpu.run("op", 0.0)) == DECODE_FLOOR_US
 
 
 def test_a_backend_that_launches_its_own_pairs_gets_the_busy_kernel_and_the_events():
@@ -70,16 +80,19 @@ def test_a_backend_that_launches_its_own_pairs_gets_the_busy_kernel_and_the_even
         def __call__(self):
             raise AssertionError("the timer's own loop must not run")
 
-        def decode(self, calls, got_busy, start, end):
-            seen.append((calls, got_busy))
-            start.record()
+        def decode(self, calls, got_busy, start=None, end=None):
+            seen.append((calls, got_busy, start is not None))
+            if start is not None:
+                start.record()
             for _ in range(calls):
                 got_busy()
                 gpu.run("op", 11.0)
-            end.record()
+            if end is not None:
+                end.record()
 
     timer = CudaDecodeTimer(busy_us=200.0, ops_per_sample=3, busy=busy, event=lambda: Event(gpu))
-    assert timer.time_once(Rotation()) == pytest.approx(11.0) and seen == [(3, busy)]
+    assert timer.time_once(Rotation()) == pytest.approx(11.0)
+    assert seen == [(1, busy, False), (3, busy, True)]  # the untimed lead-in, then the timed pairs
 
 
 def test_the_decode_view_needs_cuda_and_takes_the_configs_busy_kernel(monkeypatch):

@@ -114,7 +114,7 @@ def _check_runnable(cfg) -> None:
     device = torch.device(local_device_type())
     if not any(has_timer(device, view) for view in cfg.views):
         raise ArxtuneError(f"none of the views asked for ({', '.join(cfg.views)}) can be timed with {device.type} tensors "
-                           f"(graph needs CUDA); use --views eager,isolated")
+                           f"(graph and decode need CUDA); use --views eager,isolated")
 
 
 def _launch_failure(result) -> str:
@@ -135,7 +135,8 @@ def sweep(
     backends: Optional[str] = typer.Option(None, help="Comma list of backends, e.g. gloo,arx,arx2."),
     ops: Optional[str] = typer.Option(None, help="Comma list: all_reduce,all_gather,reduce_scatter."),
     dtypes: Optional[str] = typer.Option(None, help="Comma list: float32,bfloat16,float16,int32."),
-    views: Optional[str] = typer.Option(None, help="Comma list of timing views: eager,isolated,graph (graph needs CUDA)."),
+    views: Optional[str] = typer.Option(None, help="Comma list of timing views: eager,isolated,graph,decode (graph and decode need CUDA)."),
+    decode_busy_us: Optional[float] = typer.Option(None, help="The decode view's GPU busy kernel before each call, in microseconds (default 50)."),
     modes: Optional[str] = typer.Option(None, hidden=True, help="Old name of --views."),
     min_bytes: Optional[str] = typer.Option(None, help="Smallest size, e.g. 1KiB."),
     max_bytes: Optional[str] = typer.Option(None, help="Largest size, e.g. 16MiB."),
@@ -175,7 +176,7 @@ def sweep(
             raise ArxtuneError("--modes is the old name of --views; give only --views")
         overrides = dict(backends=backends, ops=ops, dtypes=dtypes, views=views if views is not None else modes, min_bytes=min_bytes,
                          max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s,
-                         max_extra_rounds=max_extra_rounds, out=out)
+                         max_extra_rounds=max_extra_rounds, out=out, decode_busy_us=decode_busy_us)
         cfg = base.with_overrides(**overrides)
         if run_id is not None:
             check_name(run_id, "--run-id")
@@ -209,7 +210,7 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json for one run; needed for several)."),
     baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the runs')."),
     margin: float = typer.Option(0.05, help="Fraction by which a backend must beat the baseline's median."),
-    eager_from: Optional[str] = typer.Option(None, help="Timing view the eager table comes from: eager (back-to-back calls, default) or isolated (one call, host cost included)."),
+    eager_from: Optional[str] = typer.Option(None, help="Timing view the eager table comes from: decode (each call behind a GPU busy kernel; the default where the run has it), eager (back-to-back calls; the default otherwise) or isolated (one call, host cost included)."),
     graph_from: str = typer.Option("graph", help="Timing view the graph table (used during CUDA-graph capture) comes from."),
     prefer: Optional[str] = typer.Option(None, help="The run (id or directory) that wins where runs conflict."),
     export: Optional[str] = typer.Option(None, help="Also print as 'csv' (arxtune's ranges, one line each) or 'table', or write "

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# arxg's evidence on a lent GPU in one call: what the device says about host memory,
-# the arxg GPU tier in every memory mode it allows, the two-rank benchmark per mode,
-# and a world-1 sweep of arxg beside nccl. Eight files under OUT_DIR, nothing deeper:
+# arxg's evidence on a lent GPU in one call: what the device says about host memory and which kernel
+# build loads, the GPU tier, the two-rank benchmark in every view, the host's share of an eager call,
+# the proxy's wait policy, and a world-1 sweep of arxg beside nccl. Files under OUT_DIR, nothing deeper:
 #   device.txt        GPU, driver, torch/Triton, HMM state, CUDA memory attributes, arxtune doctor
-#   test-gpu.log      pytest of the arxg GPU tier (registered, then direct: separate processes)
-#   arx_graph.txt/.csv/.png   benchmarks/arx_graph.py --memory all
-#   eager_host.txt    benchmarks/arxg_eager_host.py --gpu: the host's share of an eager call, by layer
-#   sweep.log, sweep.tar.gz   arxtune sweep at world 1: arxg and nccl, all_reduce bf16, 1 KiB-1 MiB
-#   scripts/gpu-arxg.sh OUT_DIR        (about 5 minutes on an H100)
+#   test-gpu.log      make test-gpu (skip reasons shown: the direct memory mode where the device refuses it)
+#   arx_graph.txt/.csv/.png   benchmarks/arx_graph.py: graph, eager (in phase, from C and from Python, and
+#                     with the peers ahead), isolated (in phase, one thread, after 20 ms idle), decode 50/200 us
+#   eager_host.txt    benchmarks/arxg_eager_host.py --gpu: the host's share of an eager call, by path
+#   proxy_wait.txt    benchmarks/arxg_proxy_wait.py --gpu: CPU of an idle proxy and calls after GPU work, per policy
+#   sweep.log, sweep.tar.gz   arxtune sweep at world 1: arxg and nccl, all_reduce bf16, 4-64 KiB, four views
+#   scripts/gpu-arxg.sh OUT_DIR [SIZES]        (about 5 minutes on an H100; SIZES: bytes, comma-separated)
 set -uo pipefail
-out=${1:?usage: scripts/gpu-arxg.sh OUT_DIR}
+out=${1:?usage: scripts/gpu-arxg.sh OUT_DIR [SIZES]}
+sizes=${2:-1024,4096,16384,65536}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -24,6 +27,7 @@ step() { echo "== $* ($(date -u +%H:%M:%S))"; }
   nvidia-smi -q | grep -iE "addressing mode|hmm" || echo "nvidia-smi -q names no addressing mode"
   echo "nvidia_uvm uvm_disable_hmm: $(cat /sys/module/nvidia_uvm/parameters/uvm_disable_hmm 2>/dev/null || echo 'not readable')"
   uname -rm
+  nproc
   $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   $PY - <<'PY'
 from arxtune.runtime.rdma.errors import RdmaUnavailable
@@ -41,29 +45,29 @@ PY
 } > "$out/device.txt" 2>&1 || status=1
 cat "$out/device.txt"
 
-{
-  step "gpu tier, registered memory (and the tests of other GPU code)"
-  $PY -m pytest -q -rs tests/gpu tests/rdma/test_device_tensors_fake.py -m "not rdma" -k "not direct_memory" || status=1
-  step "gpu tier, direct memory (a separate process: a refused or failing mode cannot take the others down)"
-  $PY -m pytest -q -rs tests/gpu/test_arx_graph_gpu.py -k direct_memory || status=1
-} > "$out/test-gpu.log" 2>&1
-tail -n 30 "$out/test-gpu.log"
-
 step benchmark
-timeout 240 $PY benchmarks/arx_graph.py --memory all --samples 200 --out "$out/arx_graph.csv" \
+timeout 240 $PY benchmarks/arx_graph.py --memory all --samples 100 --sizes "$sizes" --idle-ms 20 --out "$out/arx_graph.csv" \
   --plot "$out/arx_graph.png" > "$out/arx_graph.txt" 2>&1 || status=1
 cat "$out/arx_graph.txt"
+
+step "sweep at world 1"
+tmp=$(mktemp -d)
+timeout 240 $PY -m arxtune sweep -c configs/sweep/h200.toml --backends arxg,nccl --ops all_reduce --dtypes bfloat16 \
+  --views eager,isolated,graph,decode --min-bytes 4KiB --max-bytes 64KiB --step-factor 4 --nproc-per-node 1 \
+  --out "$tmp" --no-progress > "$out/sweep.log" 2>&1 || status=1
+tail -n 40 "$out/sweep.log"
+tar -czf "$out/sweep.tar.gz" -C "$tmp" . && rm -rf "$tmp"
+step "gpu tier"
+PYTEST_ADDOPTS=-rs timeout 240 make test-gpu GPU_PYTHON="$PY" > "$out/test-gpu.log" 2>&1 || status=1
+tail -n 30 "$out/test-gpu.log"
 
 step "host share of an eager call"
 timeout 120 $PY benchmarks/arxg_eager_host.py --gpu > "$out/eager_host.txt" 2>&1 || status=1
 cat "$out/eager_host.txt"
 
-step "sweep at world 1"
-tmp=$(mktemp -d)
-timeout 240 $PY -m arxtune sweep -c configs/sweep/h200.toml --backends arxg,nccl --ops all_reduce --dtypes bfloat16 \
-  --modes eager,isolated,graph --min-bytes 1KiB --max-bytes 1MiB --step-factor 4 --nproc-per-node 1 \
-  --out "$tmp" --no-progress > "$out/sweep.log" 2>&1 || status=1
-tail -n 40 "$out/sweep.log"
-tar -czf "$out/sweep.tar.gz" -C "$tmp" . && rm -rf "$tmp"
+step "the proxy's wait policy"
+timeout 180 $PY benchmarks/arxg_proxy_wait.py --gpu --busy-us 50 200 2000 --samples 50 > "$out/proxy_wait.txt" 2>&1 || status=1
+cat "$out/proxy_wait.txt"
+
 step "done, status $status"
 exit $status

@@ -30,8 +30,10 @@ from arxtune.runtime.thresholds import (MAX_MARGIN, MODES, BackendSetup, Fingerp
 DEFAULT_MARGIN = 0.05
 #: How far beyond the measured grid the models extend the table, in grid steps.
 EXTRAPOLATE_STEPS = 8
-#: Runtime mode -> the run's timing views it is calibrated from, the first a run has wins.
-DEFAULT_VIEWS: dict[str, tuple[str, ...]] = {"eager": ("eager", "isolated"), "graph": ("graph",)}
+#: Runtime mode -> the run's timing views it is calibrated from, the first a run has wins. A run that
+#: measured the decode view (each call behind a GPU kernel, no host sync: eager decode's pattern) feeds the
+#: eager table from it.
+DEFAULT_VIEWS: dict[str, tuple[str, ...]] = {"eager": ("decode", "eager", "isolated"), "graph": ("graph",)}
 
 
 def fit_alpha_beta(nbytes: np.ndarray, median_us: np.ndarray) -> tuple[float, float | None] | None:

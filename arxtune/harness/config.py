@@ -15,7 +15,9 @@ from arxtune.runtime import schema
 from arxtune.runtime.fileio import check_exists, read_text
 
 #: Timing views (timing.py); "mode" is the runtime's word (thresholds.MODES), not the sweep's.
-VIEWS = ("eager", "isolated", "graph")
+VIEWS = ("eager", "isolated", "graph", "decode")
+#: Longest busy kernel the decode view may put before each call, in microseconds.
+MAX_DECODE_BUSY_US = 100_000.0
 #: Largest size a sweep may ask for: input and output of a rank must both fit on one device.
 MAX_BYTES_LIMIT = 16 << 30
 #: Most sizes on one grid; a step factor barely above 1 would otherwise ask for millions.
@@ -64,7 +66,11 @@ class SweepConfig:
     """Ratio between consecutive sizes on the geometric grid."""
     views: tuple[str, ...] = ("eager", "isolated", "graph")
     """Timing views (timing.py): eager (back-to-back calls), isolated (one call, host cost included;
-    on CPU, one call right after the barrier) and graph (CUDA graphs, capturable backends only)."""
+    on CPU, one call right after the barrier), graph (CUDA graphs, capturable backends only) and
+    decode (each call behind a GPU busy kernel of decode_busy_us, no host sync; CUDA only)."""
+    decode_busy_us: float = 50.0
+    """The decode view's busy kernel before each call, in microseconds: the compute between two of a
+    decode step's all-reduces on the target (about 50 for an 8B model at TP=2 on an H100)."""
     warmup_iters: int = 5
     """Untimed calls before timing each point."""
     rounds: int = 5
@@ -119,6 +125,8 @@ class SweepConfig:
             raise ArxtuneError(f"need 1 <= min_iters <= max_iters <= {MAX_ITERS}")
         if not all(math.isfinite(v) and v > 0 for v in (self.point_budget_s, self.timeout_s)) or not 0 <= self.warmup_iters <= MAX_ITERS:
             raise ArxtuneError(f"point_budget_s and timeout_s must be positive numbers, warmup_iters from 0 to {MAX_ITERS}")
+        if not (math.isfinite(self.decode_busy_us) and 1 <= self.decode_busy_us <= MAX_DECODE_BUSY_US):
+            raise ArxtuneError(f"decode_busy_us must be a number of microseconds from 1 to {MAX_DECODE_BUSY_US:.0f}, e.g. 50")
         if self.point_budget_s > MAX_SECONDS or self.timeout_s > MAX_SECONDS:
             raise ArxtuneError(f"point_budget_s and timeout_s must be at most {MAX_SECONDS:.0f} s")
         if not self.out:
@@ -163,6 +171,7 @@ _OLD_KEYS = {"modes": "views"}
 _SIZE_FIELDS = {"min_bytes", "max_bytes"}
 #: field -> (accepted Python types, what to write instead); lists and sizes are handled above these.
 _TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, float), "a number"),
+          "decode_busy_us": ((int, float), "a number"),
           "timeout_s": ((int, float), "a number"), "warmup_iters": ((int,), "a whole number"),
           "min_iters": ((int,), "a whole number"), "max_iters": ((int,), "a whole number"), "rounds": ((int,), "a whole number"),
           "max_extra_rounds": ((int,), "a whole number"),

@@ -11,6 +11,7 @@ import ipaddress
 
 import torch
 
+from arxtune.runtime import env
 from arxtune.runtime.rdma.config import RdmaConfig
 from arxtune.runtime.rdma.device import check_memlock, memlock_limit, netdev_mtu, read_devices, select_endpoints, select_gid
 from arxtune.runtime.rdma.errors import RdmaUnavailable
@@ -62,11 +63,12 @@ def _gpu_rows() -> list[tuple[str, str]]:
     return [(f"gpu {i}", torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]
 
 
-def arxg_rows(reader=None, compile_one=None) -> list[tuple[str, str]]:
-    """How arxg's kernels reach host memory on each GPU, and whether Triton builds them for it.
+def arxg_rows(reader=None, build=None) -> list[tuple[str, str]]:
+    """How arxg's kernels reach host memory on each GPU, and which build of them GPU 0 loads (found on disk,
+    or built here with Triton).
 
-    `reader(ordinal)` reads the device's attributes and `compile_one(capability)` builds a kernel
-    (the real ones by default; tests pass fakes)."""
+    `reader(ordinal)` reads the device's attributes and `build(variant, capability, source)` builds a kernel
+    image (the real ones by default; tests pass fakes)."""
     if not torch.cuda.is_available():
         return [("arxg memory", "not applicable: no CUDA GPU (arxg runs CUDA tensors)")]
     from arxtune.runtime.rdma.graph.memory import memory_line, read_attributes
@@ -75,12 +77,11 @@ def arxg_rows(reader=None, compile_one=None) -> list[tuple[str, str]]:
     for i in range(torch.cuda.device_count()):
         suffix = f" (gpu {i})" if torch.cuda.device_count() > 1 else ""
         rows.append((f"arxg memory{suffix}", memory_line(i, reader=reader or read_attributes)))
-    if importlib.util.find_spec("triton") is None:
-        return rows + [("arxg kernels", "cannot build: Triton is not installed")]
-    from arxtune.runtime.rdma.graph.aot import local_build_line
+    from arxtune.runtime.rdma.graph import images
 
     major, minor = torch.cuda.get_device_capability(0)
-    return rows + [("arxg kernels", local_build_line(10 * major + minor, compile_one))]
+    line = images.doctor_line(10 * major + minor, **({"build": build} if build else {}))
+    return rows + [("arxg kernels", line)]
 
 
 def arx_reason(cfg: RdmaConfig | None = None) -> str | None:
@@ -118,7 +119,8 @@ def backend_reasons(cfg: RdmaConfig | None = None) -> dict[str, str | None]:
     reasons["arx"] = reasons["arx2"] = arx
     no_cuda = None if torch.cuda.is_available() else "needs CUDA tensors; no CUDA GPU"
     reasons["symm_mem"] = reasons["symm_mem2"] = no_cuda
-    reasons["arxg"] = no_cuda or (None if importlib.util.find_spec("triton") else "needs Triton (ships with CUDA torch)")
+    reasons["arxg"] = no_cuda or (None if importlib.util.find_spec("triton") or env.ARXG_KERNELS.is_set() else
+                                  "needs Triton to build its kernels, or a build made elsewhere (ARXTUNE_ARXG_KERNELS)")
     no_vllm = None if importlib.util.find_spec("vllm") else "vllm is not installed (pip install 'arxtune[vllm]')"
     reasons["vllm_cpu"] = no_vllm
     for name in ("vllm_pynccl", "vllm_custom_ar", "vllm_symm_mem"):

@@ -241,7 +241,7 @@ class PointRunner:
         if not distributed.all_true(backend.supports(point.op, dtype, nbytes), ctx.cpu_group):
             return PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="unsupported",
                                error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
-        timer = make_timer(ctx.device, point.view, nbytes)
+        timer = make_timer(ctx.device, point.view, nbytes, config.decode_busy_us)
         count = buffer_count(timer, nbytes, config.max_bytes)
         ins = [make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device) for _ in range(count)]
         outs = [torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device) for _ in range(count)]

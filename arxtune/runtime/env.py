@@ -66,6 +66,12 @@ DEVICE = _declare("ARXTUNE_DEVICE", "", "cpu: use CPU tensors even where GPUs ex
 NCCL_LIBRARY = _declare("ARXTUNE_NCCL_LIBRARY", "", "the libnccl.so the nccl backend binds (default: the one torch loaded)")
 NCCL_LOOP = _declare("ARXTUNE_NCCL_LOOP", "c", "python: launch nccl's eager samples from Python instead of its C loop", ("c", "python"))
 ARXG_NATIVE = _declare("ARXTUNE_ARXG_NATIVE", "1", "0: arxg's proxy steps in Python instead of its C loop", ("0", "1"))
+ARXG_KERNELS = _declare("ARXTUNE_ARXG_KERNELS", "", "directories of arxg kernel builds made elsewhere (python -m "
+                        "arxtune.runtime.rdma.graph.aot), searched before the cache; separated by ':'")
+ARXG_SPIN_US = _declare("ARXTUNE_ARXG_SPIN_US", "5000", "microseconds arxg's proxy polls for the next step after its "
+                        "last one (a CPU core each while it polls) before it blocks")
+ARXG_NAP_US = _declare("ARXTUNE_ARXG_NAP_US", "100", "once blocked, arxg's proxy looks for a step at least this often "
+                       "(microseconds); an eager call wakes it at once")
 # -- the arx RDMA transport (arxtune.runtime.rdma.config)
 RDMA_DEVICES = _declare("ARXTUNE_RDMA_DEVICES", "", "RDMA devices to use, comma-separated (default: every active RoCE v2 port)")
 RDMA_PORT = _declare("ARXTUNE_RDMA_PORT", "", "the RDMA device port (default 1)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import platform
 import shlex
 import shutil
@@ -19,9 +20,16 @@ def cache_dir() -> Path:
     return Path(base) / "arxtune"
 
 
+def _local_includes(source: Path) -> bytes:
+    """The headers `source` includes with quotes (beside it), so a changed header makes a new build."""
+    names = re.findall(rb'^\s*#\s*include\s+"([^"]+)"', source.read_bytes(), re.M)
+    return b"".join((source.parent / n.decode()).read_bytes() for n in names)
+
+
 def build(source: Path) -> Path:
-    """The shared library built from `source`, compiling it if this source has not been built here. Raises OSError."""
-    code = source.read_bytes()
+    """The shared library built from `source`, compiling it if this source (with its local headers) has not been
+    built here. Raises OSError."""
+    code = source.read_bytes() + _local_includes(source)
     target = cache_dir() / f"{source.stem}-{platform.machine()}-{hashlib.sha256(code).hexdigest()[:16]}.so"
     if target.exists():
         return target

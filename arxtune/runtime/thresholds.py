@@ -212,7 +212,7 @@ def validate_ranges(ranges: tuple[Range, ...], where: str, source: str) -> None:
 
 
 #: The timing views a table may come from (the harness's views; "" in files that did not say).
-VIEWS = ("", "eager", "isolated", "graph")
+VIEWS = ("", "eager", "isolated", "graph", "decode")
 #: Largest margin a file may hold: a backend would have to be 100 times faster.
 MAX_MARGIN = 100.0
 

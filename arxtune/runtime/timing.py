@@ -11,6 +11,14 @@ per op. Three views of the same call:
   at different moments, which on a busy host can outweigh the call itself.
 - `graph`: replays of a CUDA graph holding many calls, divided by their count;
   enough calls per graph that the replay's own launch stays small.
+- `decode`: as eager decode runs them, each call behind a GPU kernel of a
+  layer's length with no host sync between (the host runs ahead): a sample is
+  K x (busy kernel, call) launched back to back, less K busy kernels timed
+  alone in the same sample, divided by K. What a call costs between two
+  kernels: neither the launch (hidden behind the GPU's work) nor a sync. One
+  untimed (busy kernel, call) pair leads the timed ones, so the first timed
+  call, like the others, follows one busy kernel's gap since the last call
+  (and not the busy kernels timed alone).
 """
 
 from __future__ import annotations
@@ -31,6 +39,11 @@ CPU_EAGER_SAMPLE_BYTES = 1 << 20
 #: Calls per captured graph. A replay's own launch measured about 6 us on an H200
 #: (benchmarks/timing_views.py), so 200 calls keep it near 3% of a 1 us op.
 GRAPH_OPS_PER_SAMPLE = 200
+#: The decode view's busy kernel by default, in microseconds: about the compute between two all-reduces
+#: (half a layer) of a batch-1 decode step of an 8B bf16 model at tensor parallelism 2 on an H100, which reads
+#: 8 GB of weights per rank and token at ~3 TB/s over 64 all-reduces (~40 us, plus launch gaps). Configs set
+#: their own (`decode_busy_us`): a GB10 reads weights at ~0.27 TB/s.
+DECODE_BUSY_US = 50.0
 #: Graphs a process captures and replays before the first one it times. On an H100
 #: (driver 580) the first two to four graphs of a process ran small device copies about
 #: 15% faster per call than every later graph (benchmarks/graph_order.py); a serving process
@@ -71,9 +84,9 @@ class WallTimer:
 
 
 class _CudaEvents:
-    def __init__(self) -> None:
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
+    def __init__(self, event=None) -> None:
+        event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.start, self.end = event(), event()
 
     def prepare(self, op: Op) -> None:
         pass
@@ -158,13 +171,69 @@ class CudaGraphTimer(_CudaEvents):
         return self._elapsed_us() / self.ops_per_sample
 
 
-#: (device type, view) -> timer factory. A view with no timer for the device is not planned (graphs need CUDA).
-TIMERS: dict[tuple[str, str], Callable[[int], Timer]] = {
-    ("cpu", "eager"): lambda nbytes: WallTimer("eager", max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))),
-    ("cpu", "isolated"): lambda nbytes: WallTimer("isolated", 1),
-    ("cuda", "eager"): lambda nbytes: CudaBackToBackTimer(),
-    ("cuda", "isolated"): lambda nbytes: CudaIsolatedTimer(),
-    ("cuda", "graph"): lambda nbytes: CudaGraphTimer(),
+#: The least a decode sample says, in microseconds: a difference of two spans, it comes out at or below zero
+#: where a call costs less than the busy kernels' own jitter (a one-rank NCCL call), and a run holds positive
+#: times only.
+DECODE_FLOOR_US = 0.01
+
+
+def decode_share_us(pairs_us: float, busy_alone_us: float, calls: int) -> float:
+    """The decode view's figure: what `calls` (busy kernel, call) pairs took beyond the busy kernels alone, per
+    call, at least DECODE_FLOOR_US."""
+    return max(DECODE_FLOOR_US, (pairs_us - busy_alone_us) / calls)
+
+
+class CudaDecodeTimer(_CudaEvents):
+    """Per call, `ops_per_sample` x (busy kernel of `busy_us`, call) launched back to back, less as many busy
+    kernels alone timed in the same sample (the decode view).
+
+    The busy kernel (cudadrv.BusyKernel) is made in prepare(); tests pass `busy` and `event` fakes. A backend
+    whose op has `decode(n, busy, start, end)` launches the pairs itself (from C), as `repeat` does for eager."""
+
+    view = "decode"
+
+    def __init__(self, busy_us: float = DECODE_BUSY_US, ops_per_sample: int = EAGER_OPS_PER_SAMPLE, busy=None,
+                 event=None) -> None:
+        super().__init__(event)
+        self.busy_us, self.ops_per_sample, self.busy = busy_us, ops_per_sample, busy
+        event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.alone_start, self.alone_end = event(), event()
+
+    def prepare(self, op: Op) -> None:
+        if self.busy is None:
+            from arxtune.runtime.cudadrv import BusyKernel
+
+            self.busy = BusyKernel(self.busy_us, torch.cuda.current_device())
+
+    def time_once(self, op: Op) -> float:
+        busy, calls = self.busy, self.ops_per_sample
+        busy.repeat(calls, self.alone_start, self.alone_end)
+        decode = getattr(op, "decode", None)
+        if decode is not None:
+            decode(1, busy)  # the lead-in pair, untimed
+            decode(calls, busy, self.start, self.end)
+        else:
+            busy()
+            op()
+            self.start.record()
+            for _ in range(calls):
+                busy()
+                op()
+            self.end.record()
+        self.end.synchronize()
+        return decode_share_us(self.start.elapsed_time(self.end) * 1e3,
+                               self.alone_start.elapsed_time(self.alone_end) * 1e3, calls)
+
+
+#: (device type, view) -> timer factory, given the call's size and the decode view's busy kernel (us).
+#: A view with no timer for the device is not planned (graphs and the decode view need CUDA).
+TIMERS: dict[tuple[str, str], Callable[[int, float], Timer]] = {
+    ("cpu", "eager"): lambda nbytes, busy_us: WallTimer("eager", max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))),
+    ("cpu", "isolated"): lambda nbytes, busy_us: WallTimer("isolated", 1),
+    ("cuda", "eager"): lambda nbytes, busy_us: CudaBackToBackTimer(),
+    ("cuda", "isolated"): lambda nbytes, busy_us: CudaIsolatedTimer(),
+    ("cuda", "graph"): lambda nbytes, busy_us: CudaGraphTimer(),
+    ("cuda", "decode"): lambda nbytes, busy_us: CudaDecodeTimer(busy_us),
 }
 
 
@@ -172,9 +241,10 @@ def has_timer(device: torch.device, view: str) -> bool:
     return (device.type, view) in TIMERS
 
 
-def make_timer(device: torch.device, view: str, nbytes: int) -> Timer:
-    """The timer for one point: `nbytes` is the call's size, which some views size their samples by."""
+def make_timer(device: torch.device, view: str, nbytes: int, busy_us: float = DECODE_BUSY_US) -> Timer:
+    """The timer for one point: `nbytes` is the call's size, which some views size their samples by;
+    `busy_us` the decode view's busy kernel."""
     try:
-        return TIMERS[(device.type, view)](nbytes)
+        return TIMERS[(device.type, view)](nbytes, busy_us)
     except KeyError:
         raise ValueError(f"no {view!r} timer for {device.type} tensors; known: {sorted(TIMERS)}") from None

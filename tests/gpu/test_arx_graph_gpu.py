@@ -48,7 +48,7 @@ def _allowed(memory: str) -> str:
         pytest.skip(f"{exc} (device attributes: {attrs.describe()})")
 
 
-def _pair(world: int, timeout_s: float = 20.0, memory: str = "auto", launch: str = "cached"):
+def _pair(world: int, timeout_s: float = 20.0, memory: str = "auto", launch: str = "native"):
     from helpers.arxg_cpu_rank import RanksOnOneGpu
 
     return RanksOnOneGpu(world, RdmaConfig(max_bytes=1 << 20, timeout_s=timeout_s), memory=memory, launch=launch)
@@ -107,7 +107,7 @@ def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype
 
 
 @pytest.mark.parametrize("memory,launch", [pytest.param(m, launch, id=f"{m}_memory-{launch}")
-                                           for m, launch in (("registered", "cached"), ("direct", "cached"),
+                                           for m, launch in (("registered", "native"), ("direct", "native"),
                                                              ("registered", "triton"))])
 @pytest.mark.parametrize("op,dtype,n", [
     ("all_reduce", torch.bfloat16, 8192),  # 16 KiB
@@ -195,3 +195,49 @@ def test_gpu_rank_with_a_cpu_standin_then_the_standin_is_killed(memory):
         if gpu is not None:
             Path(gpu.s.segment.path[:-1] + "1").unlink(missing_ok=True)  # a killed peer leaves its segment
             gpu.close()
+
+
+def test_gpu_ranks_run_from_a_build_made_elsewhere_where_triton_cannot_be_imported(tmp_path):
+    """The kernels built here into a directory (as on another machine), then two ranks in a process where
+    `import triton` fails, with an empty cache: eager calls and a graph replay, exact."""
+    from arxtune.runtime.rdma.graph import aot, images
+
+    major, minor = torch.cuda.get_device_capability(0)
+    capability, bundle = 10 * major + minor, tmp_path / "bundle"
+    store = images.Store(bundle)
+    for v in (aot.Variant("handshake"), aot.Variant("collective", "all_reduce", "bfloat16", 2, 1, True)):
+        store.put(aot.build_variant(v, capability, images.source_hash()))
+    script = """
+import sys
+sys.modules["triton"] = None  # import triton raises ImportError from here on
+import torch
+from arxtune.runtime.ops import expected_output, make_input, mismatch
+from arxtune.runtime.rdma.config import RdmaConfig
+from helpers.arxg_cpu_rank import RanksOnOneGpu
+pair = RanksOnOneGpu(2, RdmaConfig(max_bytes=1 << 20, timeout_s=20.0))
+dev = torch.device("cuda", 0)
+ins = [make_input("all_reduce", 8192, r, 2, torch.bfloat16, dev) for r in range(2)]
+outs = [torch.zeros_like(i) for i in ins]
+for _ in range(100):
+    pair.collective("all_reduce", ins, outs)
+g = torch.cuda.CUDAGraph()
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):
+    pair.collective("all_reduce", ins, outs)
+torch.cuda.synchronize()
+with torch.cuda.graph(g):
+    pair.collective("all_reduce", ins, outs, 5)
+for _ in range(100):
+    g.replay()
+torch.cuda.synchronize()
+pair.check()
+ref = expected_output("all_reduce", 8192, 0, 2, torch.bfloat16).to(dev)
+assert all(torch.equal(o, ref) for o in outs)
+print("builds:", sorted(set(b for r in pair.ranks for b in r.builds.values())))
+pair.close()
+"""
+    env = {**os.environ, "ARXTUNE_ARXG_KERNELS": str(bundle), "XDG_CACHE_HOME": str(tmp_path / "empty-cache"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"the build in {bundle}, made by Triton" in result.stdout

@@ -71,7 +71,7 @@ def test_a_process_replays_its_first_graphs_before_it_times_one(monkeypatch):
 def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     result = subprocess.run(
-        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,torch_nccl,symm_mem,symm_mem2,arx,gloo", "--views", "eager,isolated,graph",
+        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,torch_nccl,symm_mem,symm_mem2,arx,gloo", "--views", "eager,isolated,graph,decode",
          "--dtypes", "bfloat16,float32", "--min-bytes", "4KiB", "--max-bytes", "4MiB", "--step-factor", "16",
          "--point-budget-s", "0.05", "--out", str(tmp_path), "--run-id", "gpu", "--no-progress"],
         env=env, capture_output=True, text=True, timeout=600)
@@ -81,7 +81,7 @@ def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     frame = run.frame()
     for name in ("nccl", "torch_nccl"):  # NCCL called directly, and through torch.distributed
         rows = frame[frame.backend == name]
-        assert set(rows.status) == {"ok"} and set(rows["view"]) == {"eager", "isolated", "graph"}, rows[["status", "error"]]
+        assert set(rows.status) == {"ok"} and set(rows["view"]) == {"eager", "isolated", "graph", "decode"}, rows[["status", "error"]]
         assert set(rows.op) == {"all_reduce", "all_gather", "reduce_scatter"}
     assert not run.meta.backends["gloo"]["available"]  # gloo times CPU tensors, not CUDA ones
     for name in ("symm_mem", "symm_mem2"):
@@ -146,6 +146,47 @@ def test_nccl_eager_samples_record_their_events_from_the_c_loop_around_their_lau
         timer.prepare(rotation)
         medians[timer.view] = sorted(timer.time_once(rotation) for _ in range(21))[10]
     assert 5 < medians["graph"] and medians["eager"] == pytest.approx(medians["graph"], rel=0.15), medians
+    torch.cuda.synchronize()
+    for out in outs:
+        assert mismatch(out, expected_output("all_reduce", count, 0, 1, torch.bfloat16)) is None
+
+
+def test_the_busy_kernel_lasts_what_it_is_asked_and_the_decode_view_subtracts_it():
+    """The decode view's busy kernel (PTX loaded through the driver) spins for its time on the GPU's clock;
+    behind it, a ~20 us kernel reads about 20 us per call, whether the timer loops or the op does."""
+    from arxtune.runtime.cudadrv import BusyKernel
+    from arxtune.runtime.timing import CudaDecodeTimer
+
+    busy = BusyKernel(100.0, 0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    busy.repeat(10, start, end)
+    end.synchronize()
+    assert 95 < start.elapsed_time(end) * 1e3 / 10 < 120
+    cycles = int(_cycles_per_us() * 20)
+    op = _sleep_op(cycles)
+    alone = CudaBackToBackTimer(ops_per_sample=10)
+    alone_us = sorted(alone.time_once(op) for _ in range(11))[5]
+    timer = CudaDecodeTimer(busy_us=50.0, ops_per_sample=10)
+    timer.prepare(op)
+    decode_us = sorted(timer.time_once(op) for _ in range(11))[5]
+    assert decode_us == pytest.approx(alone_us, abs=3.0), (decode_us, alone_us)
+
+
+def test_nccl_decode_samples_put_the_busy_kernel_before_each_call_from_the_c_loop(nccl_alone):
+    from arxtune.runtime.ops import expected_output, make_input, mismatch
+    from arxtune.runtime.timing import CudaDecodeTimer
+
+    dev, count = torch.device("cuda", 0), 8 << 20
+    ins = [make_input("all_reduce", count, 0, 1, torch.bfloat16, dev) for _ in range(2)]
+    outs = [torch.zeros_like(t) for t in ins]
+    rotation = nccl_alone.bind_rotation("all_reduce", ins, outs)
+    assert rotation.decode is not None
+    eager = CudaBackToBackTimer(ops_per_sample=5)
+    eager_us = sorted(eager.time_once(rotation) for _ in range(11))[5]
+    timer = CudaDecodeTimer(busy_us=200.0, ops_per_sample=5)
+    timer.prepare(rotation)
+    decode_us = sorted(timer.time_once(rotation) for _ in range(11))[5]
+    assert decode_us == pytest.approx(eager_us, rel=0.2), (decode_us, eager_us)  # 16 MiB: bound by the GPU either way
     torch.cuda.synchronize()
     for out in outs:
         assert mismatch(out, expected_output("all_reduce", count, 0, 1, torch.bfloat16)) is None

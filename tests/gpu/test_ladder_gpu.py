@@ -33,6 +33,6 @@ def test_the_ladder_times_eager_and_graph_boundaries_on_one_gpu(tmp_path):
         assert "all_reduce/bfloat16@graph torch_nccl|nccl" in line and "cannot be captured" not in line, line
         assert "budget spent" not in line, line  # both boundaries were measured within the budget
     runs = [load_run(p) for p in sorted(tmp_path.iterdir())]
-    assert len(runs) == 2 and {r.mode for r in runs[0].records} == {"eager", "graph"}
+    assert len(runs) == 2 and {r.view for r in runs[0].records} == {"eager", "graph"}
     assert all(r.status == "ok" for run in runs for r in run.records), [(r.key, r.error) for run in runs for r in run.records]
     print("\n".join(lines.values()))

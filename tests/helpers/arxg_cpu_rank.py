@@ -110,7 +110,7 @@ class RanksOnOneGpu:
     """`world` GPU ranks in this process on one GPU, one stream each, over the shared-memory fabric:
     the one-GPU pairing for tests and benchmarks (the kernels of different ranks run concurrently)."""
 
-    def __init__(self, world: int, cfg: RdmaConfig, device: int = 0, memory: str = "auto", launch: str = "cached"):
+    def __init__(self, world: int, cfg: RdmaConfig, device: int = 0, memory: str = "auto", launch: str = "native"):
         sessions = open_local(cfg, world)
         self.ranks = []
         try:

@@ -82,13 +82,23 @@ def test_attribute_numbers_are_cudas():
         assert f"CU_DEVICE_ATTRIBUTE_{name} = {ATTRIBUTES[key]}," in text, name
 
 
-def test_doctor_names_the_mode_on_a_gpu_and_says_not_applicable_without_one(monkeypatch):
+def test_doctor_names_the_mode_on_a_gpu_and_says_not_applicable_without_one(monkeypatch, tmp_path):
+    from arxtune.runtime.rdma.graph.abi import KernelImage
+
     monkeypatch.setattr(doctor.torch.cuda, "is_available", lambda: False)
     assert doctor.arxg_rows() == [("arxg memory", "not applicable: no CUDA GPU (arxg runs CUDA tensors)")]
     monkeypatch.setattr(doctor.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(doctor.torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(doctor.torch.cuda, "get_device_capability", lambda i=0: (12, 1))
-    rows = dict(doctor.arxg_rows(reader=lambda i: GB10, compile_one=lambda cap: None))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("ARXTUNE_ARXG_KERNELS", raising=False)
+
+    def build(variant, capability, source):
+        return KernelImage("handshake_kernel", variant.name, "sm_121a", source, "3.9.0", 1, 0, (("ctrl", "*i64"),), (8,))
+
+    rows = dict(doctor.arxg_rows(reader=lambda i: GB10, build=build))
     assert rows["arxg memory"] == "direct (pageable memory access with host page tables)"
-    assert rows["arxg kernels"].endswith("builds arxg's handshake kernel for sm_121a here")
+    assert rows["arxg kernels"] == "sm_121a: built here by Triton 3.9.0"
+    rows = dict(doctor.arxg_rows(reader=lambda i: GB10, build=build))  # the second time, from the cache
+    assert rows["arxg kernels"] == f"sm_121a: the build in {tmp_path / 'arxtune' / 'arxg-kernels'}, made by Triton 3.9.0"
     assert memory_line(0, reader=lambda i: NOTHING).startswith("unavailable: arxg: the GPU cannot reach host memory")

@@ -370,7 +370,7 @@ def test_symlink_loops_are_not_reported_as_missing(tmp_path):
 
 
 def test_plot_names_an_unknown_or_absent_view(crossover_run):
-    assert "unknown view 'bogus'; known: eager, isolated, graph" in one_line_error("plot", crossover_run.path, "--view", "bogus")
+    assert "unknown view 'bogus'; known: eager, isolated, graph, decode" in one_line_error("plot", crossover_run.path, "--view", "bogus")
     assert "has no correct points in the graph view (it has: eager)" in one_line_error("plot", crossover_run.path, "--mode", "graph")
 
 

@@ -175,6 +175,23 @@ def test_the_eager_table_can_come_from_another_view(tmp_path):
     assert FileRoutes(isolated, 2).choose("all_reduce", torch.float32, 1 << 19) == "fast"
 
 
+def test_a_run_with_the_decode_view_feeds_the_eager_table_from_it_and_the_file_says_so(tmp_path):
+    from arxtune.runtime.thresholds import load
+
+    def latency(b, n, mode, op):  # 'fast' wins behind a busy kernel only, as a proxy kept awake would
+        return 1.0 if (b == "fast" and mode == "decode") else _crossover(8192)(b, n)
+
+    run = make_run(tmp_path, latency, SIZES, views=("eager", "decode"))
+    default = calibrate(run)
+    assert default.table("all_reduce", "float32", 2).view == "decode"
+    assert FileRoutes(default, 2).choose("all_reduce", torch.float32, 1 << 19) == "fast"
+    back = load(default.save(tmp_path / "thresholds.json"))
+    assert back.table("all_reduce", "float32", 2).view == "decode"
+    assert calibrate(run, views={"eager": "eager"}).table("all_reduce", "float32", 2).view == "eager"
+    with pytest.raises(ArxtuneError, match="the graph table can be fed by the graph timing view, not 'decode'"):
+        calibrate(run, views={"graph": "decode"})
+
+
 def test_the_same_key_twice_is_an_error_unless_one_run_is_preferred(tmp_path):
     first = make_run(tmp_path, _crossover(8192), SIZES, run_id="first")
     second = make_run(tmp_path, _crossover(65536), SIZES, run_id="second")

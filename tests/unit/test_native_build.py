@@ -57,3 +57,13 @@ def test_the_proxy_loop_builds_for_aarch64_with_its_barriers(include_dir, tmp_pa
     assert "stlr" in ops, "no release store"
     if fence:
         assert any("dmb\tish" in line or "dmb ish" in line for line in asm.splitlines()), "no full fence before the post"
+
+
+def test_the_kernel_launcher_and_nccls_loop_build_for_aarch64(include_dir, tmp_path):
+    """cuda_launch.c (arxg's launches, the decode view's busy kernel) reads a blocked proxy's ASLEEP word with
+    an ordered load (ldar) before it bumps WAKE; nccl's loop builds too."""
+    runtime = GRAPH.parents[1]
+    asm = _disassemble(runtime / "cuda_launch.c", include_dir, tmp_path)
+    ops = {line.split("\t")[2].split()[0] for line in asm.splitlines() if line.count("\t") >= 2}
+    assert "ldar" in ops, "no ordered load of the proxy's ASLEEP word"
+    _disassemble(runtime / "backends" / "nccl_burst.c", include_dir, tmp_path)

@@ -41,7 +41,7 @@ def test_the_loop_calls_a_reducing_entry_on_each_pair_in_turn_with_every_argumen
 
     cb = REDUCING(entry)
     send, recv = _pairs(3)
-    assert loop(ctypes.cast(cb, vp), 1, send, recv, 3, 4096, 9, 0, 0x77, 0x55, 7, None, None, None) == 0
+    assert loop(ctypes.cast(cb, vp), 1, send, recv, 3, 4096, 9, 0, 0x77, 0x55, 7, None, None, None, None, None) == 0
     assert seen == [(0x1000 * (k % 3 + 1), 0x9000 * (k % 3 + 1), 4096, 9, 0, 0x77, 0x55) for k in range(7)]
 
 
@@ -54,7 +54,7 @@ def test_the_loop_calls_a_gathering_entry_without_a_reduction_and_stops_at_the_f
 
     cb = PLAIN(entry)
     send, recv = _pairs(2)
-    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 20, None, None, None) == 3
+    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 20, None, None, None, None, None) == 3
     assert seen == [(0x1000, 16, 7, 0x77, 0x55), (0x2000, 16, 7, 0x77, 0x55)]
 
 
@@ -71,7 +71,7 @@ def test_the_loop_records_its_events_on_the_stream_right_around_its_launches(loo
 
     cb, rec = PLAIN(entry), RECORD(record)
     send, recv = _pairs(2)
-    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 3, ctypes.cast(rec, vp), 0xE1, 0xE2) == 0
+    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 3, ctypes.cast(rec, vp), 0xE1, 0xE2, None, None) == 0
     assert seen == [("record", 0xE1, 0x55), ("launch", 0x1000), ("launch", 0x2000), ("launch", 0x1000),
                     ("record", 0xE2, 0x55)]
 
@@ -85,8 +85,32 @@ def test_a_failed_record_comes_back_as_minus_its_cuda_error_and_nothing_is_launc
 
     cb, rec = PLAIN(entry), RECORD(lambda event, stream: 700 if event == 0xE1 else 0)  # cudaErrorIllegalAddress
     send, recv = _pairs(1)
-    assert loop(ctypes.cast(cb, vp), 0, send, recv, 1, 16, 7, 0, 0x77, 0x55, 3, ctypes.cast(rec, vp), 0xE1, 0xE2) == -700
+    assert loop(ctypes.cast(cb, vp), 0, send, recv, 1, 16, 7, 0, 0x77, 0x55, 3, ctypes.cast(rec, vp), 0xE1, 0xE2, None, None) == -700
     assert launches == []
+
+
+def test_the_decode_views_busy_kernel_is_launched_from_c_before_each_call_on_the_same_stream(loop):
+    """`before` is cuda_launch.c's arxtune_launch with the busy kernel's packed launch, its cuLaunchKernel a
+    stand-in: the order on the stream is busy, call, busy, call, ..."""
+    from arxtune.runtime import cudadrv
+    from helpers.fake_cuda import FakeDriver
+
+    seen = []
+    driver = FakeDriver(seen)
+
+    def entry(send, recv, count, dtype, comm, stream):
+        seen.append(("nccl", send, stream))
+        return 0
+
+    busy = cudadrv.Launch(0xB05, (1,), (1,), 0, [8], [50_000], entries=driver.entries)
+    before = ctypes.cast(cudadrv.c_entry("arxtune_launch"), vp)
+    cb = PLAIN(entry)
+    send, recv = _pairs(2)
+    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 3, None, None, None, before, busy.address) == 0
+    assert seen == [("launch", 0xB05, 0x55, (50_000,)), ("nccl", 0x1000, 0x55), ("launch", 0xB05, 0x55, (50_000,)),
+                    ("nccl", 0x2000, 0x55), ("launch", 0xB05, 0x55, (50_000,)), ("nccl", 0x1000, 0x55)]
+    driver.fail_with = 719  # CUDA_ERROR_LAUNCH_FAILED: the loop stops and says so
+    assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 3, None, None, None, before, busy.address) == -719
 
 
 def test_asking_for_the_python_loop_or_having_no_compiler_says_so(tmp_path, monkeypatch, capsys):

@@ -173,7 +173,7 @@ def launch_loop() -> tuple[object, str]:
     vp = ctypes.c_void_p
     fn.restype = ctypes.c_int
     fn.argtypes = [vp, ctypes.c_int, vp, vp, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, vp, vp, ctypes.c_int,
-                   vp, vp, vp]
+                   vp, vp, vp, vp, vp]
     return fn, "c"
 
 
@@ -189,7 +189,8 @@ def event_record() -> tuple[ctypes.c_void_p | None, str]:
 
 class Rotation:
     """Calls of one op rotating through buffer pairs: one from Python per call(), or `repeat(n, start, end)`
-    launched back to back from the C loop (pair i % pairs for the i-th), between events `start` and `end`."""
+    launched back to back from the C loop (pair i % pairs for the i-th), between events `start` and `end`;
+    `decode(n, busy, start, end)` puts a busy kernel (cudadrv.BusyKernel) before each call, from C too."""
 
     def __init__(self, backend: "NcclBackend", op: str, ins: list[torch.Tensor], outs: list[torch.Tensor], loop) -> None:
         self._next = itertools.cycle([backend.bind(op, i, o) for i, o in zip(ins, outs)]).__next__
@@ -201,13 +202,23 @@ class Rotation:
                       reduction[0] if reduction else SUM, comm)
         self._loop, self._backend, self._name = loop, backend, f"nccl {op}"
         self.repeat = self._launch_from_c if loop is not None else None  # None: the timer loops over call()
+        self.decode = self._decode_from_c if loop is not None else None
 
     def __call__(self) -> None:
         self._next()()
 
-    def _launch_from_c(self, calls: int, start: torch.cuda.Event | None = None,
+    def _decode_from_c(self, calls: int, busy, start: torch.cuda.Event | None = None,
                        end: torch.cuda.Event | None = None) -> None:
-        """`calls` launches; with events, `start` and `end` are recorded around them, from C where libcuda allows."""
+        """`calls` x (busy kernel, call) from C, between events `start` and `end`."""
+        from arxtune.runtime import cudadrv
+
+        before = ctypes.cast(cudadrv.c_entry("arxtune_launch"), ctypes.c_void_p).value
+        self._launch_from_c(calls, start, end, (before, busy.launch.address))
+
+    def _launch_from_c(self, calls: int, start: torch.cuda.Event | None = None,
+                       end: torch.cuda.Event | None = None, before: tuple[int, int] | tuple[None, None] = (None, None)) -> None:
+        """`calls` launches; with events, `start` and `end` are recorded around them, from C where libcuda allows;
+        `before` = (function, argument) runs ahead of each call."""
         b = self._backend
         timed = start is not None and end is not None
         record = event_record()[0] if timed else None
@@ -219,11 +230,11 @@ class Rotation:
             handles = (start.cuda_event, end.cuda_event)
         elif timed:
             start.record()
-        rc = self._loop(*self._head, b._stream(b.device_index), calls, record, *handles)
+        rc = self._loop(*self._head, b._stream(b.device_index), calls, record, *handles, *before)
         if timed and record is None:
             end.record()
         if rc < 0:
-            raise RuntimeError(f"{self._name}: cuEventRecord failed: CUDA error {-rc}")
+            raise RuntimeError(f"{self._name}: cuEventRecord or the busy kernel's launch failed: CUDA error {-rc}")
         if rc:
             b.nccl.check(rc, self._name)
 

@@ -20,12 +20,10 @@ import triton
 import triton.language as tl
 
 from arxtune.runtime.rdma.graph import segment as _seg
-
-BLOCK = 1024  # elements per program
-MAX_WORLD = 16  # ranks the sources table has room for
-#: One warp per program: Triton runs scalar code on every warp, so each extra warp of the polling
-#: program adds a read of host memory to every poll (4 warps doubled a handshake on the H200).
-NUM_WARPS = 1
+# BLOCK: elements per program; MAX_WORLD: ranks the sources table has room for; NUM_WARPS: one warp per
+# program, since Triton runs scalar code on every warp, so each extra warp of the polling program adds a
+# read of host memory to every poll (4 warps doubled a handshake on the H200).
+from arxtune.runtime.rdma.graph.abi import BLOCK, MAX_WORLD, NUM_WARPS  # noqa: F401
 
 # control-word indices and error codes, as compile-time constants for the kernels
 DESC = tl.constexpr(_seg.DESC)

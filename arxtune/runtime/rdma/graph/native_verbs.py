@@ -21,7 +21,7 @@ from typing import Callable
 
 from arxtune.runtime import native as _native
 from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout
-from arxtune.runtime.rdma.graph.native import open_loop
+from arxtune.runtime.rdma.graph.native import open_loop, wait_policy
 from arxtune.runtime.rdma.graph.segment import BELLS, DESC, DOORBELL, HEARTBEAT, OP_NAMES, PARTS, SENT, Segment
 from arxtune.runtime.rdma.protocol import FLAG_BYTES, Layout, stripes
 
@@ -30,7 +30,6 @@ MAX_POSTS = 32  # ARXG_MAX_POSTS in serve_verbs.c
 IDLE, MISS, FAILED, TIMEOUT = 0, 1, 2, 3
 FAILED_POST = 0
 TABLE_SIZE = 64  # planned (op, bytes, slot) keys kept at once; a full table starts over
-SPINS_BEFORE_YIELD = 200_000
 REAP_SPINS = 1024  # polls of the CQs before each further poll yields the CPU (a software NIC needs it)
 IDLE_NS = 500_000_000
 i64, u32, u64 = ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
@@ -65,7 +64,7 @@ class Loop(ctypes.Structure):
     _fields_ = [("ctrl", ctypes.c_void_p), ("doorbell", i64), ("desc", i64), ("parts", i64), ("bells", i64),
                 ("sent", i64), ("heartbeat", i64), ("slots", i64), ("qps", ctypes.POINTER(ctypes.c_void_p)),
                 ("cqs", ctypes.POINTER(ctypes.c_void_p)), ("ncqs", i64), ("ops", ctypes.c_void_p),
-                ("spins_before_yield", i64), ("reap_spins", i64), ("idle_ns", i64), ("timeout_ns", i64)]
+                ("wait", ctypes.c_void_p), ("reap_spins", i64), ("idle_ns", i64), ("timeout_ns", i64)]
 
 
 @dataclass
@@ -213,8 +212,9 @@ class NativeLoop:
         self.cqs = (ctypes.c_void_p * max(len(wiring.cqs), 1))(*wiring.cqs)
         ops = lib.arxg_verbs_real_ops() if ops_address is None else ops_address
         L = seg.layout
+        self.wait = wait_policy(seg)
         self.loop = Loop(seg.address, DOORBELL, DESC, PARTS, BELLS, SENT, HEARTBEAT, L.slots, self.qps, self.cqs, len(wiring.cqs),
-                         ops, SPINS_BEFORE_YIELD, REAP_SPINS, idle_ns, int(timeout_s * 1e9))
+                         ops, ctypes.addressof(self.wait), REAP_SPINS, idle_ns, int(timeout_s * 1e9))
         self.table, self.used = (VStep * TABLE_SIZE)(), 0
         self.out = (i64 * 4)()
 

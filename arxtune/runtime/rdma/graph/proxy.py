@@ -32,8 +32,7 @@ from arxtune.runtime.rdma.graph.plan import plan
 from arxtune.runtime.rdma.graph.segment import (BELLS, DESC, DOORBELL, ERR_PROXY_FAILED, HEARTBEAT, MAX_PARTS, OP_NAMES, PARTS,
                                                 READY, SENT, Segment)
 
-_IDLE_SPINS = 20_000  # then yield the CPU at every poll (more spinners than cores must not starve)
-_PARENT_CHECK_S = 0.5
+_PARENT_CHECK_NS = 500_000_000
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
     bells = [_word(seg, BELLS + p) for p in range(MAX_PARTS)]
     steps: dict[tuple[int, int, int], tuple] = {}  # (op code, bytes, slot) -> (op name, puts)
     beat = _word(seg, HEARTBEAT)
-    idle = _Idle(parent, beat)
+    idle = _Idle(parent, beat, *native.policy_ns())
     done = sent.value
     while True:
         rung = doorbell.value
@@ -114,28 +113,43 @@ def serve(seg: Segment, transport, rank: int, world: int, parent: int) -> None:
         done = rung
 
 
-class _Idle:
-    """Called on every idle poll: spins, then yields the CPU, and says True once the parent has died.
-    Stores the time in the heartbeat word every 1024 spins and at every yield."""
+def nap_ns(idle: int, spin_ns: int, nap: int) -> int:
+    """The wait policy (arxg_wait_nap in arxg_wait.h): how long to sleep after a poll that found nothing, `idle`
+    ns after the last step; 0 = poll again."""
+    return 0 if idle < spin_ns else nap
 
-    def __init__(self, parent: int, beat: ctypes.c_int64):
-        self.parent, self.beat, self.polls, self.last_check = parent, beat, 0, time.monotonic()
+
+class _Idle:
+    """Called on every idle poll of the Python loop: the C loops' wait policy without their futex (polls for
+    the spin window after the last step, yielding the CPU now and then, then sleeps a nap between polls).
+    Every 256th poll reads the clock into the heartbeat; says True once the parent has died."""
+
+    def __init__(self, parent: int, beat: ctypes.c_int64, spin_ns: int, nap: int, clock=time.monotonic_ns,
+                 sleep=time.sleep, parent_pid=os.getppid):
+        self.parent, self.beat, self.spin_ns, self.nap = parent, beat, spin_ns, nap
+        self.clock, self.sleep, self.parent_pid = clock, sleep, parent_pid
+        self.polls, self.active = 0, clock()
+        self.last_check = self.active
 
     def reset(self) -> None:
-        self.polls = 0
+        """A step was sent: the window starts again."""
+        self.active = self.clock()
 
     def __call__(self) -> bool:
         self.polls += 1
-        if self.polls <= _IDLE_SPINS:
-            if not self.polls & 1023:
-                self.beat.value = time.monotonic_ns()
+        if self.polls & 255:
             return False
-        os.sched_yield()
-        self.beat.value = time.monotonic_ns()
-        now = time.monotonic()
-        if now - self.last_check > _PARENT_CHECK_S:
+        now = self.clock()
+        self.beat.value = now
+        nap = nap_ns(now - self.active, self.spin_ns, self.nap)
+        if nap:
+            self.sleep(nap / 1e9)
+            self.polls |= 255  # the next idle poll reads the clock again
+        elif not self.polls & 8191:
+            os.sched_yield()
+        if now - self.last_check > _PARENT_CHECK_NS:
             self.last_check = now
-            return os.getppid() != self.parent
+            return self.parent_pid() != self.parent
         return False
 
 

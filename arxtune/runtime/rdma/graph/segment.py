@@ -18,6 +18,9 @@ write into its inbox. Control words (int64, each group on its own cache line):
 - HEARTBEAT: CLOCK_MONOTONIC nanoseconds at the proxy's last sign of life (it
   stores the time while it waits and after the steps it sends): a rank reads
   liveness here instead of asking the kernel about the process on every call.
+- ASLEEP, WAKE (32-bit, the low half of their words): ASLEEP is 1 while the
+  proxy blocks in a futex wait on WAKE (its wait policy, arxg_wait.h); an eager
+  call then bumps WAKE and wakes it before launching (cuda_launch.c).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from arxtune.runtime.rdma.protocol import Layout
 
 CONTROL_BYTES = 4096
 DOORBELL, DESC, PARTS, SENT, ERROR, ERROR_PEER, ERROR_SEQ, READY, HEARTBEAT = 0, 8, 12, 16, 24, 25, 26, 32, 40
+ASLEEP, WAKE = 48, 56
 MESSAGE, MESSAGE_BYTES = 1024, 1024  # bytes
 BELLS, MAX_PARTS = 256, 256  # words: the parts' bells fill the control block's second half
 

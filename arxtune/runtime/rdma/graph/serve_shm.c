@@ -6,13 +6,14 @@
  * and hands the flag addresses over in `steps`; the loop returns when a step has
  * no entry yet (ARXG_MISS, the key in miss[]) or when it has waited idle_ns for
  * a doorbell or a part (ARXG_IDLE: the caller checks that its parent lives and
- * calls again; SENT says where to resume). Acquire loads of the bells and
+ * calls again; SENT says where to resume). It waits by the policy in
+ * arxg_wait.h: polling for a window after the last step, then blocking. Acquire loads of the bells and
  * release stores of the flags carry the rank's staging to the peers. The loop
  * stores the time in ctrl[heartbeat] while it waits and after the steps it
  * sends: the rank reads the proxy's liveness there. */
-#include <sched.h>
 #include <stdint.h>
-#include <time.h>
+
+#include "arxg_wait.h"
 
 #define ARXG_MAX_FLAGS 16
 #define ARXG_MAX_PARTS 256
@@ -21,46 +22,20 @@
 
 typedef struct { int64_t op, nbytes, slot, nflags; int64_t flags[ARXG_MAX_FLAGS]; } arxg_step;
 
-static int64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static const arxg_step *find(const arxg_step *steps, int64_t n, int64_t op, int64_t nbytes, int64_t slot) {
     for (int64_t i = 0; i < n; i++)
         if (steps[i].op == op && steps[i].nbytes == nbytes && steps[i].slot == slot) return &steps[i];
     return 0;
 }
 
-/* Spin until *word >= want; 0 once it has waited idle_ns (yielding the CPU after `spins` polls).
- * The heartbeat gets the time every 1024 polls while spinning, every 256 while yielding. */
-static int wait_at_least(const int64_t *word, int64_t want, int64_t spins, int64_t idle_ns, int64_t *beat) {
-    int64_t n = 0, since = 0;
-    while (__atomic_load_n(word, __ATOMIC_ACQUIRE) < want) {
-        if (++n <= spins) {
-            if ((n & 1023) == 0) __atomic_store_n(beat, now_ns(), __ATOMIC_RELAXED);
-            continue;
-        }
-        sched_yield();
-        if ((n & 255) == 0) {
-            int64_t t = now_ns();
-            __atomic_store_n(beat, t, __ATOMIC_RELAXED);
-            if (!since) since = t;
-            else if (t - since > idle_ns) return 0;
-        }
-    }
-    return 1;
-}
-
 int64_t arxg_serve_shm(int64_t *ctrl, int64_t doorbell, int64_t desc, int64_t parts_at, int64_t bells, int64_t sent,
-                       int64_t heartbeat, int64_t slots, const arxg_step *steps, int64_t nsteps,
-                       int64_t spins_before_yield, int64_t idle_ns, int64_t *miss) {
+                       int64_t slots, const arxg_step *steps, int64_t nsteps, arxg_wait *w, int64_t idle_ns,
+                       int64_t *miss) {
     int64_t done = __atomic_load_n(&ctrl[sent], __ATOMIC_ACQUIRE);
-    int64_t *beat = &ctrl[heartbeat];
-    __atomic_store_n(beat, now_ns(), __ATOMIC_RELAXED);
+    int64_t *beat = w->beat;
+    __atomic_store_n(beat, arxg_now_ns(), __ATOMIC_RELAXED);
     for (;;) {
-        if (!wait_at_least(&ctrl[doorbell], done + 1, spins_before_yield, idle_ns, beat)) return ARXG_IDLE;
+        if (!arxg_wait_at_least(w, &ctrl[doorbell], done + 1, idle_ns)) return ARXG_IDLE;
         int64_t rung = __atomic_load_n(&ctrl[doorbell], __ATOMIC_ACQUIRE);
         for (int64_t seq = done + 1; seq <= rung; seq++) {
             int64_t slot = (seq - 1) % slots;
@@ -69,7 +44,7 @@ int64_t arxg_serve_shm(int64_t *ctrl, int64_t doorbell, int64_t desc, int64_t pa
             int64_t parts = __atomic_load_n(&ctrl[parts_at + slot], __ATOMIC_RELAXED);
             if (parts > ARXG_MAX_PARTS) parts = ARXG_MAX_PARTS;
             for (int64_t p = 1; p < parts; p++)
-                if (!wait_at_least(&ctrl[bells + p], seq, spins_before_yield, idle_ns, beat)) return ARXG_IDLE;
+                if (!arxg_wait_at_least(w, &ctrl[bells + p], seq, idle_ns)) return ARXG_IDLE;
             const arxg_step *s = find(steps, nsteps, op, nbytes, slot);
             if (!s) {
                 miss[0] = op, miss[1] = nbytes, miss[2] = slot;
@@ -79,6 +54,7 @@ int64_t arxg_serve_shm(int64_t *ctrl, int64_t doorbell, int64_t desc, int64_t pa
             __atomic_store_n(&ctrl[sent], seq, __ATOMIC_RELEASE);
             done = seq;
         }
-        __atomic_store_n(beat, now_ns(), __ATOMIC_RELAXED);
+        w->active = arxg_now_ns();
+        __atomic_store_n(beat, w->active, __ATOMIC_RELAXED);
     }
 }

@@ -8,7 +8,7 @@
  * arxg_vstep whose writes carry their addresses and keys. The loop returns
  * when a step has no entry yet (ARXG_MISS, key in out[0..2]), when it waited
  * idle_ns for a doorbell or a part (ARXG_IDLE: the caller checks its parent
- * and calls again; SENT says where to resume), on a failed post or an error
+ * and calls again; SENT says where to resume; it waits by arxg_wait.h's policy), on a failed post or an error
  * completion (ARXG_FAILED) and when completions do not come within
  * timeout_ns (ARXG_TIMEOUT). Verbs calls go through an arxg_verbs_ops table:
  * arxg_verbs_real_ops() for libibverbs, a fake in the tests.
@@ -23,6 +23,8 @@
 #include <time.h>
 
 #include <infiniband/verbs.h>
+
+#include "arxg_wait.h"
 
 #define ARXG_MAX_PARTS 256
 #define ARXG_MAX_POSTS 32 /* (peer, device) pairs a step can reach */
@@ -55,40 +57,14 @@ typedef struct {
     void *const *cqs; /* every completion queue the posts complete on */
     int64_t ncqs;
     const arxg_verbs_ops *ops;
-    int64_t spins_before_yield, reap_spins, idle_ns, timeout_ns;
+    arxg_wait *wait; /* the wait policy (arxg_wait.h) */
+    int64_t reap_spins, idle_ns, timeout_ns;
 } arxg_verbs_loop;
-
-static int64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 static const arxg_vstep *find(const arxg_vstep *steps, int64_t n, int64_t op, int64_t nbytes, int64_t slot) {
     for (int64_t i = 0; i < n; i++)
         if (steps[i].op == op && steps[i].nbytes == nbytes && steps[i].slot == slot) return &steps[i];
     return 0;
-}
-
-/* Spin until *word >= want (acquire); 0 once it has waited idle_ns (yielding the CPU after `spins` polls).
- * The time goes into *beat every 1024 polls and whenever it is read: the rank's sign that this loop lives. */
-static int wait_at_least(const int64_t *word, int64_t want, int64_t spins, int64_t idle_ns, int64_t *beat) {
-    int64_t n = 0, since = 0;
-    while (__atomic_load_n(word, __ATOMIC_ACQUIRE) < want) {
-        ++n;
-        if (n <= spins) {
-            if ((n & 1023) == 0) __atomic_store_n(beat, now_ns(), __ATOMIC_RELAXED);
-            continue;
-        }
-        sched_yield();
-        if ((n & 255) == 0) {
-            int64_t t = now_ns();
-            __atomic_store_n(beat, t, __ATOMIC_RELAXED);
-            if (!since) since = t;
-            else if (t - since > idle_ns) return 0;
-        }
-    }
-    return 1;
 }
 
 /* Post a step's writes and reap one completion per post; ARXG_IDLE (0) when all succeeded. */
@@ -122,7 +98,7 @@ static int64_t send_step(const arxg_verbs_loop *L, const arxg_vstep *s, uint64_t
         if (pending <= 0) break;
         if (++n <= L->reap_spins) continue;
         sched_yield(); /* a software NIC (rxe) needs the CPU this loop would take */
-        int64_t t = now_ns();
+        int64_t t = arxg_now_ns();
         if (!start) start = t;
         else if (t - start > L->timeout_ns) {
             out[0] = (int64_t)step, out[1] = pending;
@@ -136,7 +112,7 @@ int64_t arxg_serve_verbs(const arxg_verbs_loop *L, const arxg_vstep *steps, int6
     int64_t *ctrl = L->ctrl;
     int64_t done = __atomic_load_n(&ctrl[L->sent], __ATOMIC_ACQUIRE);
     for (;;) {
-        if (!wait_at_least(&ctrl[L->doorbell], done + 1, L->spins_before_yield, L->idle_ns, &ctrl[L->heartbeat])) return ARXG_IDLE;
+        if (!arxg_wait_at_least(L->wait, &ctrl[L->doorbell], done + 1, L->idle_ns)) return ARXG_IDLE;
         int64_t rung = __atomic_load_n(&ctrl[L->doorbell], __ATOMIC_ACQUIRE);
         for (int64_t seq = done + 1; seq <= rung; seq++) {
             int64_t slot = (seq - 1) % L->slots;
@@ -146,8 +122,7 @@ int64_t arxg_serve_verbs(const arxg_verbs_loop *L, const arxg_vstep *steps, int6
             int64_t parts = __atomic_load_n(&ctrl[L->parts + slot], __ATOMIC_RELAXED);
             if (parts > ARXG_MAX_PARTS) parts = ARXG_MAX_PARTS;
             for (int64_t p = 1; p < parts; p++)
-                if (!wait_at_least(&ctrl[L->bells + p], seq, L->spins_before_yield, L->idle_ns, &ctrl[L->heartbeat]))
-                    return ARXG_IDLE;
+                if (!arxg_wait_at_least(L->wait, &ctrl[L->bells + p], seq, L->idle_ns)) return ARXG_IDLE;
             const arxg_vstep *s = find(steps, nsteps, op, nbytes, slot);
             if (!s) {
                 out[0] = op, out[1] = nbytes, out[2] = slot;
@@ -160,7 +135,8 @@ int64_t arxg_serve_verbs(const arxg_verbs_loop *L, const arxg_vstep *steps, int6
             if (rc != ARXG_IDLE) return rc;
             /* The completions say the NIC has read the staging: the rank may reuse the slot. */
             __atomic_store_n(&ctrl[L->sent], seq, __ATOMIC_RELEASE);
-            __atomic_store_n(&ctrl[L->heartbeat], now_ns(), __ATOMIC_RELAXED);
+            L->wait->active = arxg_now_ns();
+            __atomic_store_n(&ctrl[L->heartbeat], L->wait->active, __ATOMIC_RELAXED);
             done = seq;
         }
     }

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from arxtune.runtime.rdma.config import RdmaConfig
 from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from arxtune.runtime.rdma.protocol import Layout, stripes
+from arxtune.runtime.rdma.graph.native import policy_ns
 from arxtune.runtime.rdma.graph.plan import inbox_bytes
 from arxtune.runtime.rdma.graph.proxy import ProxyArgs, ProxyHandle
 from arxtune.runtime.rdma.graph.segment import (DESC, DOORBELL, ERR_PEER_TIMEOUT, ERR_PROXY_FAILED, ERR_PROXY_TIMEOUT, ERROR, HEARTBEAT,
@@ -124,6 +125,10 @@ def open_session(cfg: RdmaConfig, rank: int, world: int, exchange, transport: st
     every rank is on one host, else verbs)."""
     if transport not in TRANSPORTS:
         raise RdmaUnavailable(f"arxg: unknown transport {transport!r}; use one of {', '.join(TRANSPORTS)}")
+    try:
+        policy_ns()  # the proxy's wait policy, checked here where a bad setting can be named
+    except ValueError as exc:
+        raise RdmaUnavailable(f"arxg: {exc}") from None
     infos = exchange({"host": socket.gethostname(), "token": secrets.token_hex(6), "pid": os.getpid()})
     if transport == "auto":
         transport = "shm" if len({i["host"] for i in infos}) == 1 else "verbs"

@@ -78,10 +78,16 @@ def thresholds_digest(thresholds: Thresholds | None) -> str:
 
 
 def agree(thresholds: Thresholds | None, why: str, cpu_group) -> str:
-    """One reason for the whole group: any rank's, or that the ranks loaded different files; '' when all agree."""
-    answers = gather_objects((thresholds_digest(None if why else thresholds), why), cpu_group)
-    reason = agreed_reason([w for _, w in answers])
-    if not reason and len({digest for digest, _ in answers}) > 1:
+    """One reason for the whole group: any rank's, or that the ranks loaded different files; '' when all agree.
+
+    The group's first collective: it also compares the variables that decide which collectives run
+    (env.agreed_values), and ranks that differ are one ArxtuneError on every rank, never a hang later."""
+    answers = gather_objects((thresholds_digest(None if why else thresholds), why, env.agreed_values()), cpu_group)
+    differ = env.differences([values for _, _, values in answers])
+    if differ:
+        raise ArxtuneError(differ)
+    reason = agreed_reason([w for _, w, _ in answers])
+    if not reason and len({digest for digest, _, _ in answers}) > 1:
         reason = "the ranks of this group loaded different thresholds files (give every node the same one)"
     return reason
 

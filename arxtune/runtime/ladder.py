@@ -535,7 +535,7 @@ def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, st
     import io
 
     from arxtune import __version__
-    from arxtune.runtime.fileio import write_text_atomic
+    from arxtune.runtime.fileio import Staged
 
     records = sorted(prober.points.items())
     if not records:
@@ -562,9 +562,12 @@ def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, st
                          " ".join(f"{s:.3f}" for s in flat), " ".join(got.error.split())])
     try:
         path.mkdir(parents=True, exist_ok=False)
-        write_text_atomic(path / "points.csv", text.getvalue(), "ladder points")
-        write_text_atomic(path / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n", "ladder metadata")
+        with Staged() as staged:  # a run is its two files together, or nothing
+            staged.write_text(path / "points.csv", text.getvalue(), "ladder points")
+            staged.write_text(path / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n", "ladder metadata")
     except Exception as exc:  # evidence is worth a warning, never a failed start-up
         log.warning("arxtune: start-up ladder: cannot write its run to %s (%s)", path, exc)
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
         return ""
     return str(path)

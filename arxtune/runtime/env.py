@@ -61,6 +61,10 @@ BOOT = _declare("ARXTUNE_BOOT", "check", "off: trust the thresholds file; check:
 BOOT_BUDGET_S = _declare("ARXTUNE_BOOT_BUDGET_S", "1", "seconds the start-up ladder may spend in all, opening the "
                          "backends it alone needs included (their own timeouts come on top)", agreed=True)
 BOOT_OUT = _declare("ARXTUNE_BOOT_OUT", "", "where rank 0 writes the ladder's run (default ~/.cache/arxtune/boot/)")
+# -- serving
+VERIFY = _declare("ARXTUNE_VERIFY", "", "N: every Nth call of each backend is made again through the baseline and "
+                  "compared; one that differs serves nothing of that op and dtype for the rest of the process (default: off)",
+                  agreed=True)
 # -- the vLLM plugin
 VLLM_DISABLE = _declare("ARXTUNE_VLLM_DISABLE", "", "1: the plugin installs nothing and vLLM keeps its own communicator")
 VLLM_LOG = _declare("ARXTUNE_VLLM_LOG", "info", "what the plugin logs: info (start-up line and warnings), calls (also one "

@@ -11,6 +11,10 @@ arxtune.runtime.dispatch's, shared with the vLLM plugin. Outside every range, or
 (other world size, unknown version, a backend that cannot start), calls go
 to the baseline with one warning at start-up, never an exception. The
 runtime imports no harness code (sweep, timing, results, pandas).
+
+`from_env` gives arxtune a gloo group of its own, which `close()` ends (and an
+exit hook, for a communicator never closed): none of arxtune's gloo threads
+is left when the interpreter finalizes.
 """
 
 from __future__ import annotations

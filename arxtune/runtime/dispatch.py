@@ -243,8 +243,7 @@ class Verifier:
         bad = differs(out, want, op, dispatch.ctx.world_size) or ""
         if not all_max(1.0 if bad else 0.0, dispatch.ctx.cpu_group):
             return out
-        said = [b for b in gather_objects(bad, dispatch.ctx.cpu_group)]
-        rank, why = next((r, b) for r, b in enumerate(said) if b)
+        rank, why = next((r, b) for r, b in enumerate(gather_objects(bad, dispatch.ctx.cpu_group)) if b)
         name = reference_name(dispatch.backends, backend)
         dtype = dtype_name(tensor.dtype)
         nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, dispatch.ctx.world_size)

@@ -7,9 +7,13 @@ the backend the file gives each side, in interleaved rounds (the order
 reversed every other round), each sample the slowest rank's. At each size
 the file's choice keeps it unless the other side is clearly faster by the
 decision rule calibrate uses (arxtune.runtime.decision). Every result is
-checked exactly; a wrong result, an exception or a timeout loses, with a
-warning. The whole ladder stays within a budget (ARXTUNE_BOOT_BUDGET_S): the
-ranks agree on the time spent before every size, so they stop together.
+checked exactly; a backend that gives a wrong result, raises or times out is
+out (Outcome.failed): the router serves nothing of that (op, dtype) with it,
+in any mode, for the life of the process. The whole ladder stays within a
+budget (ARXTUNE_BOOT_BUDGET_S; without a file, opening its candidates
+included, and a candidate that would import a framework the process has not
+is left out): the ranks agree on the time spent before every size, so they
+stop together.
 
 Rank 0 decides and every rank applies its verdict. ARXTUNE_BOOT: `check`
 (the default) says per boundary whether it held and warns once for each it

@@ -7,8 +7,9 @@ start-up line says so). Explicit overrides are laid over the calibrated
 ranges. Backends are opened with the options the file recorded, and a range
 resolves to None (the caller's own path) when its backend is native to the
 caller, could not start, does not implement the op, or cannot be captured
-in the graph table. Per call: one dict get, one bisect, the backend's
-`supports()` (its capacity) and a counter.
+in the graph table, or was caught giving a wrong result (the router's
+`excluded`, for every mode and the life of the process). Per call: one dict
+get, one bisect, the backend's `supports()` (its capacity) and a counter.
 
 Overrides: ARXTUNE_OVERRIDES, the same on every rank, items separated by ','
 or ';', each `OP[/DTYPE][@MODE]:LO-[HI]=BACKEND`, sizes in bytes or with a unit,

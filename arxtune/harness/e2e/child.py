@@ -117,8 +117,8 @@ def generate(spec: dict) -> dict:
                         "last_token_ts": o.metrics.last_token_ts, "generated": o.metrics.num_generation_tokens}
                        for o in outputs])
     workers = llm.collective_rpc("arxtune_call_counts", timeout=spec["rpc_timeout_s"])
-    # Shut down now, giving the workers time to end on their own: vLLM's default (5 s, then SIGKILL) cuts a
-    # worker short on a loaded machine, and a worker killed never shows whether it would have exited cleanly.
+    # Shut down now, giving the workers time to end on their own (60 s): vLLM's default (5 s, then SIGKILL)
+    # cuts a worker short on a loaded machine, and a worker killed never shows whether it would have exited cleanly.
     started = time.monotonic()
     llm.llm_engine.engine_core.shutdown(timeout=spec["shutdown_timeout_s"])
     return {"startup_s": startup_s, "rounds": rounds, "workers": workers, "shutdown_s": time.monotonic() - started}

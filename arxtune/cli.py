@@ -55,28 +55,34 @@ def _finish(run_path: Path) -> None:
     from arxtune.harness.results import load_run
     from arxtune.runtime.thresholds import load
 
+    from arxtune.runtime.fileio import Staged
+
     run = load_run(run_path)
     typer.echo(f"run:        {run.path}")
     target = run.path / "thresholds.json"
-    try:
-        if target.exists():
-            thresholds = load(target)
-            typer.echo(f"thresholds: kept {target} (already there; `arxtune calibrate {run.path}` replaces it)")
-        else:
-            thresholds = calibrate(run)
-            typer.echo(f"thresholds: {thresholds.save(target)} ({describe_views(thresholds)})")
-    except ArxtuneError as exc:
-        thresholds = None
-        typer.echo(f"thresholds: not written ({exc})")
-    typer.echo(f"plot:       {plot_run(run, thresholds)}")
+    with Staged() as staged:  # the thresholds and the plot appear together, or neither
+        try:
+            if target.exists():
+                thresholds = load(target)
+                said = f"kept {target} (already there; `arxtune calibrate {run.path}` replaces it)"
+            else:
+                thresholds = calibrate(run)
+                said = f"{staged.write_text(target, thresholds.to_text(), 'thresholds file')} ({describe_views(thresholds)})"
+        except ArxtuneError as exc:
+            thresholds, said = None, f"not written ({exc})"
+        image = plot_run(run, thresholds, into=staged)
+    typer.echo(f"thresholds: {said}")
+    typer.echo(f"plot:       {image}")
 
 
 def _check_resume(resume: Path, config: Optional[Path], run_id: Optional[str], overrides: dict) -> None:
     """--resume continues a run with its own config: refuse a finished run and flags that would change it."""
     from arxtune.harness.config import from_mapping
     from arxtune.harness.results import resumable
+    from arxtune.runtime.fileio import check_unlocked
 
     run = resumable(resume)
+    check_unlocked(run.path, f"run {run.path}")  # the sweep's rank 0 takes the lock; this says so before ranks start
     try:
         run_config = from_mapping(run.meta.config)
     except ArxtuneError as exc:
@@ -171,7 +177,8 @@ def sweep(
         backend_registry.check_extra()
         if env.problems():
             raise ArxtuneError("; ".join(env.problems()))
-        base = load_config(config) if config else SweepConfig()
+        # Said once: by rank 0 under torchrun (the launcher passes its line on), never by the launcher as well.
+        base = load_config(config, warn=distributed.under_torchrun() and os.environ.get("RANK") == "0") if config else SweepConfig()
         if views is not None and modes is not None:
             raise ArxtuneError("--modes is the old name of --views; give only --views")
         overrides = dict(backends=backends, ops=ops, dtypes=dtypes, views=views if views is not None else modes, min_bytes=min_bytes,
@@ -237,20 +244,21 @@ def calibrate(
     from arxtune.harness.report import thresholds_table
     from arxtune.harness.results import load_run
 
-    from arxtune.runtime.fileio import check_output
-    from arxtune.runtime.nccl_tuner import is_tuner_file
+    from arxtune.runtime.fileio import Staged, check_output
+    from arxtune.runtime.nccl_tuner import is_tuner_file, tuner_csv
     from arxtune.runtime.thresholds import is_thresholds_file
 
     try:
+        # Every option and input is checked, and every output computed, before the first byte is written.
         if export not in (None, "csv", "table", "nccl-tuner"):
             raise ArxtuneError(f"unknown --export {export!r}; use csv, table or nccl-tuner")
+        _check_tuner_options(tuner_mode, tuner_dtype)
         if len(runs) > 1 and out is None and not install:
             raise ArxtuneError("several runs make one file: say where it goes with --out FILE (or --install)")
         if export == "nccl-tuner" and tuner_out is None and out is None and len(runs) > 1:
             raise ArxtuneError("say where the NCCL tuner file goes with --tuner-out FILE")
         loaded = [load_run(run) for run in runs]
         inputs = [run.path for run in loaded]
-        # Every file this command writes is checked before the first is written.
         target = (check_output(out if out is not None else loaded[0].path / "thresholds.json", "--out", inputs, is_thresholds_file)
                   if out is not None or len(loaded) == 1 else None)
         installed = check_output(default_thresholds_path(), "install target", inputs, is_thresholds_file) if install else None
@@ -259,12 +267,20 @@ def calibrate(
             tuner_target = check_output(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out", inputs, is_tuner_file)
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
         thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
+        text = thresholds.to_text()
+        tuner = tuner_csv(thresholds, tuner_mode, tuner_dtype) if tuner_target is not None else None
+        with Staged() as staged:  # published together once every file is written; a failure changes none
+            for path, what in ((target, "thresholds file"), (installed, "installed thresholds file")):
+                if path is not None:
+                    staged.write_text(path, text, what)
+            if tuner is not None:
+                staged.write_text(tuner_target, tuner.text, "NCCL tuner file")
         if target is not None:
-            typer.echo(f"thresholds: {thresholds.save(target)} ({describe_views(thresholds)})")
+            typer.echo(f"thresholds: {target} ({describe_views(thresholds)})")
         if install:
-            typer.echo(f"installed:  {thresholds.save(installed)}")
-        if tuner_target is not None:
-            _write_tuner_file(thresholds, tuner_target, tuner_mode, tuner_dtype)
+            typer.echo(f"installed:  {installed}")
+        if tuner is not None:
+            _say_tuner_file(tuner, tuner_target, tuner_mode)
         if export == "csv":
             typer.echo(thresholds.to_csv(), nl=False)
         elif export == "table":
@@ -275,13 +291,21 @@ def calibrate(
         _fail(exc)
 
 
-def _write_tuner_file(thresholds, target: Path, mode: str, dtype: Optional[str]) -> None:
-    """Write the NCCL tuner plugin's policy file and say how to turn the plugin on."""
-    from arxtune.runtime.fileio import write_text_atomic
-    from arxtune.runtime.nccl_tuner import CONFIG_ENV, PLUGIN_ENV, tuner_csv
+def _check_tuner_options(mode: str, dtype: Optional[str]) -> None:
+    """--tuner-mode and --tuner-dtype name a runtime mode and a dtype arxtune knows (the file is checked later)."""
+    from arxtune.runtime.ops import DTYPES
+    from arxtune.runtime.thresholds import MODES
 
-    export = tuner_csv(thresholds, mode, dtype)
-    write_text_atomic(target, export.text, "NCCL tuner file")
+    if mode not in MODES:
+        raise ArxtuneError(f"unknown --tuner-mode {mode!r}; use {' or '.join(MODES)}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ArxtuneError(f"unknown --tuner-dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+
+
+def _say_tuner_file(export, target: Path, mode: str) -> None:
+    """Where the NCCL tuner plugin's policy file went, and how to turn the plugin on."""
+    from arxtune.runtime.nccl_tuner import CONFIG_ENV, PLUGIN_ENV
+
     chosen = ", ".join(f"{op} w{world} {d}" for (op, world), d in export.dtypes.items())
     typer.echo(f"nccl tuner: {target} ({export.rules} rules from the {mode} tables: {chosen}"
                + ("; no NCCL variant won a range, so NCCL keeps its own choice everywhere" if not export.rules else "") + ")")
@@ -314,13 +338,17 @@ def nccl_tuner_export(
 
     Example: arxtune nccl-tuner export results/RUN/thresholds.json --out nccl-tuner.csv
     """
-    from arxtune.runtime.fileio import check_output
-    from arxtune.runtime.nccl_tuner import is_tuner_file
+    from arxtune.runtime.fileio import check_output, write_text_atomic
+    from arxtune.runtime.nccl_tuner import is_tuner_file, tuner_csv
     from arxtune.runtime.thresholds import load
 
     try:
+        _check_tuner_options(mode, dtype)
         loaded = load(thresholds)
-        _write_tuner_file(loaded, check_output(out, "--out", [thresholds], is_tuner_file), mode, dtype)
+        target = check_output(out, "--out", [thresholds], is_tuner_file)
+        export = tuner_csv(loaded, mode, dtype)
+        write_text_atomic(target, export.text, "NCCL tuner file")
+        _say_tuner_file(export, target, mode)
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
 

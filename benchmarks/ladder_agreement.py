@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, os, sys
 import torch, torch.distributed as dist
+import vllm  # noqa: F401  (imported first: the file-less ladder opens vllm_cpu only in a process that has vLLM)
 from arxtune.runtime.communicator import Communicator
 dist.init_process_group("gloo")
 comm = Communicator.from_env(sys.argv[1] if sys.argv[1] != "-" else None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -13,6 +14,8 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.units import format_bytes, parse_bytes
 from arxtune.runtime import schema
 from arxtune.runtime.fileio import check_exists, read_text
+
+log = logging.getLogger("arxtune")
 
 #: Timing views (timing.py); "mode" is the runtime's word (thresholds.MODES), not the sweep's.
 VIEWS = ("eager", "isolated", "graph", "decode")
@@ -189,7 +192,10 @@ def _coerce(key: str, value):
     if key in _SIZE_FIELDS:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ArxtuneError(f"bad config value: {key} must be a size like 4096 or \"16MiB\"")
-        return parse_bytes(value)
+        try:
+            return parse_bytes(value)
+        except ArxtuneError as exc:
+            raise ArxtuneError(f"bad config value: {key}: {exc}") from None
     types, expected = _TYPES[key]
     if isinstance(value, bool) or not isinstance(value, types):
         raise ArxtuneError(f"bad config value: {key} must be {expected}, not {value!r}")
@@ -215,11 +221,16 @@ def from_mapping(data: dict) -> SweepConfig:
     return SweepConfig(**{key: _coerce(key, value) for key, value in data.items()})
 
 
-def load_config(path: str | Path) -> SweepConfig:
-    """Read a TOML sweep config; its [sweep] table (or top level) holds SweepConfig fields."""
+def load_config(path: str | Path, warn: bool = True) -> SweepConfig:
+    """Read a TOML sweep config; its [sweep] table (or top level) holds SweepConfig fields.
+
+    An empty file is every default, said in a warning (`warn`: whether this process is the one to say it)."""
     path = check_exists(path, "config", "; see configs/sweep/ for examples")
     try:
-        data = tomllib.loads(read_text(path, "config"))
+        text = read_text(path, "config")
+        if warn and not text.strip():
+            log.warning("arxtune: config %s is empty: every setting takes its default, as with no --config", path)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ArxtuneError(f"config {path} is not valid TOML ({' '.join(str(exc).split())}); fix the file") from None
     except (ValueError, RecursionError) as exc:  # numbers of too many digits, nesting past the stack

@@ -13,7 +13,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from arxtune.runtime.units import format_bytes  # noqa: E402
 from arxtune.runtime.errors import ArxtuneError  # noqa: E402
-from arxtune.runtime.fileio import check_output, write_bytes_atomic  # noqa: E402
+from arxtune.runtime.fileio import Staged, check_output, write_bytes_atomic  # noqa: E402
 from arxtune.harness.config import VIEWS  # noqa: E402
 from arxtune.harness.results import Run  # noqa: E402
 from arxtune.runtime.thresholds import Thresholds  # noqa: E402
@@ -55,8 +55,9 @@ def is_image(path: Path) -> bool:
 
 
 def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | None = None, view: str | None = None,
-             inputs: tuple[Path, ...] = ()) -> Path:
-    """Draw every (op, dtype) of a run in one figure; returns the file written. `inputs`: the command's other input files."""
+             inputs: tuple[Path, ...] = (), into: Staged | None = None) -> Path:
+    """Draw every (op, dtype) of a run in one figure; returns the file written. `inputs`: the command's other input
+    files; `into`: the command's staged outputs, published with the others (else the image is written at once)."""
     out = Path(out) if out is not None else run.path / "plot.png"
     if out.suffix.lower() not in FORMATS:
         raise ArxtuneError(f"cannot write {out.suffix or 'no extension'}; use one of {', '.join(sorted(FORMATS))}")
@@ -114,4 +115,4 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
     image = io.BytesIO()
     fig.savefig(image, dpi=110, format=out.suffix.lower()[1:])
     plt.close(fig)
-    return write_bytes_atomic(out, image.getvalue(), "plot")
+    return (into.write_bytes if into is not None else write_bytes_atomic)(out, image.getvalue(), "plot")

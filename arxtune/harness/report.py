@@ -11,6 +11,8 @@ from rich.table import Table as RichTable
 from arxtune.harness.compare import Comparison
 from arxtune.runtime.units import format_bytes
 from arxtune.harness.results import load_run
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.fileio import RUN_DATA_FILES, is_run_dir
 from arxtune.runtime.thresholds import Thresholds, load
 
 
@@ -68,4 +70,6 @@ def console() -> Console:
 def show(path: str | Path, out: Console | None = None) -> None:
     console_ = out or console()
     path = Path(path)
+    if path.name in RUN_DATA_FILES and is_run_dir(path.parent):
+        raise ArxtuneError(f"{path} is part of the run in {path.parent}; show the run: arxtune show {path.parent}")
     console_.print(run_table(path) if path.is_dir() else thresholds_table(load(path)))

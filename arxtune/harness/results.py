@@ -34,7 +34,7 @@ from arxtune.runtime.ops import DTYPES, OP_SPECS
 from arxtune.harness.config import VIEWS
 from arxtune.runtime import schema
 from arxtune.runtime.errors import ArxtuneError, FormatError
-from arxtune.runtime.fileio import check_exists, ensure_dir, read_text, write_text_atomic
+from arxtune.runtime.fileio import WriterLock, check_exists, ensure_dir, read_text, write_text_atomic
 from arxtune.harness.stats import bandwidths, summarize
 
 FORMAT_VERSION = 3
@@ -175,12 +175,14 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 
 class RunWriter:
-    """Appends points to a run directory as they finish. Only rank 0 uses it."""
+    """Appends points to a run directory as they finish. Only rank 0 uses it, holding the run's writer lock
+    (fileio.WriterLock) from before its first write until `close()`: two sweeps never append to one run."""
 
-    def __init__(self, path: Path, meta: RunMeta, done: dict[tuple, PointRecord]):
+    def __init__(self, path: Path, meta: RunMeta, done: dict[tuple, PointRecord], lock: WriterLock):
         self.path = path
         self.meta = meta
         self.done = done
+        self.lock = lock
         self._file = open(path / POINTS_FILE, "a", newline="")
         self._csv = csv.writer(self._file)
 
@@ -191,23 +193,33 @@ class RunWriter:
         try:
             path.mkdir()
         except FileExistsError:
-            raise RunExists(f"{path} already exists; pick another --run-id or continue it with --resume {path}") from None
+            raise RunExists(f"{path} already exists; pick another --run-id" + _continue_hint(path)) from None
         except OSError as exc:
             raise ArxtuneError(f"cannot create run directory {path} ({exc.strerror}); choose another --out") from None
-        with open(path / POINTS_FILE, "w", newline="") as handle:
-            csv.writer(handle).writerow(POINT_COLUMNS)
-        _write_json_atomic(path / META_FILE, asdict(meta))
-        return cls(path, meta, {})
+        lock = WriterLock(path, f"run {path}").acquire()
+        try:
+            with open(path / POINTS_FILE, "w", newline="") as handle:
+                csv.writer(handle).writerow(POINT_COLUMNS)
+            _write_json_atomic(path / META_FILE, asdict(meta))
+            return cls(path, meta, {}, lock)
+        except BaseException:
+            lock.release()
+            raise
 
     @classmethod
     def resume(cls, path: str | Path) -> "RunWriter":
         """Reopen an interrupted run. Only a torn last line is cut (and said so); every complete line stays byte for byte."""
-        run = resumable(path)
-        if run.torn_line:
-            points = run.path / POINTS_FILE
-            os.truncate(points, points.stat().st_size - len(run.torn_line.encode("utf-8")))
-            log.warning("arxtune: %s: cut a torn last line (an interrupted write); that point is measured again", points)
-        return cls(run.path, run.meta, {record.key: record for record in run.records})
+        lock = WriterLock(path, f"run {path}").acquire()
+        try:
+            run = resumable(path)  # read under the lock: no other writer appends while it is read and continued
+            if run.torn_line:
+                points = run.path / POINTS_FILE
+                os.truncate(points, points.stat().st_size - len(run.torn_line.encode("utf-8")))
+                log.warning("arxtune: %s: cut a torn last line (an interrupted write); that point is measured again", points)
+            return cls(run.path, run.meta, {record.key: record for record in run.records}, lock)
+        except BaseException:
+            lock.release()
+            raise
 
     def append(self, record: PointRecord) -> None:
         self.append_group([record])
@@ -224,6 +236,15 @@ class RunWriter:
 
     def close(self) -> None:
         self._file.close()
+        self.lock.release()
+
+
+def _continue_hint(path: Path) -> str:
+    """' or continue it with --resume PATH' where that would work: never for a finished run or another kind of folder."""
+    try:
+        return "" if read_meta(path).finished else f" or continue it with --resume {path}"
+    except ArxtuneError:
+        return ""
 
 
 class RunExists(ArxtuneError):

@@ -11,12 +11,19 @@ arxtune.runtime.dispatch's, shared with the vLLM plugin. Outside every range, or
 (other world size, unknown version, a backend that cannot start), calls go
 to the baseline with one warning at start-up, never an exception. The
 runtime imports no harness code (sweep, timing, results, pandas).
+
+`from_env` gives arxtune a gloo group of its own, which `close()` ends (and an
+exit hook, for a communicator never closed): none of arxtune's gloo threads
+is left when the interpreter finalizes.
 """
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import logging
 import os
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -33,17 +40,53 @@ from arxtune.runtime.thresholds import Thresholds
 log = logging.getLogger("arxtune")
 
 
+#: The gloo groups context_from_torch made: a Communicator closing over one of them ends it.
+_OWN_GROUPS: "weakref.WeakSet" = weakref.WeakSet()
+#: Every Communicator not yet closed: closed at interpreter exit, before the interpreter is torn down.
+_OPEN: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
 def context_from_torch(device: torch.device | None = None, group=None, options: dict | None = None) -> GroupContext:
-    """A GroupContext for an initialised torch.distributed job (gloo group made if the default is not gloo)."""
+    """A GroupContext for an initialised torch.distributed job, with a gloo group of arxtune's own.
+
+    Every collective arxtune makes (start-up agreement, the ladder, calls its gloo baseline serves) goes over
+    that group, never over the caller's; the Communicator built on it ends it when it closes, and with it the
+    gloo threads that carried arxtune's traffic. A collective of the default group: every rank calls it.
+    """
     if not dist.is_initialized():
         raise ArxtuneError("torch.distributed is not initialised; call init_process_group first")
     group = group or dist.group.WORLD
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    cpu_group = group if dist.get_backend(group) == "gloo" else dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
+    cpu_group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
+    _OWN_GROUPS.add(cpu_group)
     local_rank = int(os.environ.get("LOCAL_RANK", device.index or 0))
     return GroupContext(dist.get_rank(group), dist.get_world_size(group), local_rank, device, cpu_group,
                         None if device.type == "cpu" else group, options or {})
+
+
+def _end_group(group) -> None:
+    """Destroy a group context_from_torch made (its C++ side, and its threads, go with the last reference)."""
+    from torch.distributed import distributed_c10d
+
+    if group in _OWN_GROUPS:
+        _OWN_GROUPS.discard(group)
+        if group in distributed_c10d._world.pg_map:  # the caller's destroy_process_group() may have ended it already
+            dist.destroy_process_group(group)
+
+
+class _Closed:
+    """What serves every call of a closed Communicator: one clear error."""
+
+    name = "closed"
+
+    def _refuse(self, *_):
+        raise ArxtuneError("this Communicator is closed; make a new one")
+
+    all_reduce = all_gather = reduce_scatter = _refuse
+
+    def close(self) -> None:
+        pass
 
 
 class Communicator:
@@ -69,19 +112,25 @@ class Communicator:
         self.router = self.dispatch.router
         self.router.fallback = self.baseline_name
         self.thresholds = self.dispatch.thresholds
-        if loaded.why and self.thresholds is not None:
-            log.info("arxtune: %s; the start-up ladder's tables serve instead", loaded.why)
-        elif loaded.why:
-            log.warning("arxtune: using %s for every call: %s", self.baseline_name, loaded.why)
-        for problem in self.dispatch.opened.problems:
-            log.warning("arxtune: %s; those calls use %s", problem, self.baseline_name)
-        if ctx.rank == 0:
+        if ctx.rank == 0:  # the ranks agree on all of it: the group's rank 0 says it once
+            if loaded.why and self.thresholds is not None:
+                log.info("arxtune: %s; the start-up ladder's tables serve instead", loaded.why)
+            elif loaded.why:
+                log.warning("arxtune: using %s for every call: %s", self.baseline_name, loaded.why)
+            for problem in self.dispatch.opened.problems:
+                log.warning("arxtune: %s; those calls use %s", problem, self.baseline_name)
             log.info("%s", self.summary())
+        _OPEN.add(self)
 
     @classmethod
     def from_env(cls, thresholds: str | Path | Thresholds | None = None, device: torch.device | None = None, group=None,
                  capturing: Callable[[], bool] | None = None) -> "Communicator":
-        return cls(context_from_torch(device, group), thresholds, capturing=capturing)
+        ctx = context_from_torch(device, group)
+        try:
+            return cls(ctx, thresholds, capturing=capturing)
+        except BaseException:
+            _end_group(ctx.cpu_group)
+            raise
 
     @property
     def calls(self):
@@ -118,4 +167,25 @@ class Communicator:
         return self._run("reduce_scatter", tensor)
 
     def close(self) -> None:
+        """Close the backends and let go of every process group (ending the gloo group context_from_torch made);
+        later calls raise, a second close does nothing. Run at interpreter exit for a Communicator never closed."""
+        if isinstance(self.baseline, _Closed):
+            return
+        _OPEN.discard(self)
         self.dispatch.close()
+        self.baseline = _Closed()
+        group = self.ctx.cpu_group
+        self.ctx = self.dispatch.ctx = dataclasses.replace(self.ctx, cpu_group=None, device_group=None)
+        _end_group(group)
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, before the interpreter is torn down: close what is open, so no gloo thread of arxtune's is left
+    holding a collective's tensors (their release takes the GIL, and a thread that needs it while the
+    interpreter finalizes ends the process with SIGABRT: "terminate called without an active exception")."""
+    for comm in list(_OPEN):
+        try:
+            comm.close()
+        except Exception as exc:  # leaving must not fail
+            log.warning("arxtune: closing a communicator at exit failed (%s: %s)", type(exc).__name__, exc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -21,11 +22,12 @@ import torch
 from arxtune.runtime import env, ladder
 from arxtune.runtime.backends.base import Backend, GroupContext
 from arxtune.runtime.backends.startup import agreed_reason, open_backends
-from arxtune.runtime.distributed import gather_objects
+from arxtune.runtime.distributed import all_max, gather_objects
 from arxtune.runtime.errors import ArxtuneError
-from arxtune.runtime.ops import OP_SPECS, dtype_name
-from arxtune.runtime.router import Opened, backend_context, open_router
+from arxtune.runtime.ops import OP_SPECS, differs, dtype_name
+from arxtune.runtime.router import Opened, backend_context, open_router, parse_overrides
 from arxtune.runtime.thresholds import Thresholds, load
+from arxtune.runtime.units import format_bytes
 
 log = logging.getLogger("arxtune")
 
@@ -78,10 +80,16 @@ def thresholds_digest(thresholds: Thresholds | None) -> str:
 
 
 def agree(thresholds: Thresholds | None, why: str, cpu_group) -> str:
-    """One reason for the whole group: any rank's, or that the ranks loaded different files; '' when all agree."""
-    answers = gather_objects((thresholds_digest(None if why else thresholds), why), cpu_group)
-    reason = agreed_reason([w for _, w in answers])
-    if not reason and len({digest for digest, _ in answers}) > 1:
+    """One reason for the whole group: any rank's, or that the ranks loaded different files; '' when all agree.
+
+    The group's first collective: it also compares the variables that decide which collectives run
+    (env.agreed_values), and ranks that differ are one ArxtuneError on every rank, never a hang later."""
+    answers = gather_objects((thresholds_digest(None if why else thresholds), why, env.agreed_values()), cpu_group)
+    differ = env.differences([values for _, _, values in answers])
+    if differ:
+        raise ArxtuneError(differ)
+    reason = agreed_reason([w for _, w, _ in answers])
+    if not reason and len({digest for digest, _, _ in answers}) > 1:
         reason = "the ranks of this group loaded different thresholds files (give every node the same one)"
     return reason
 
@@ -124,33 +132,50 @@ class Dispatch:
                  candidates: tuple[str, ...] = ()):
         self.ctx = ctx
         self.loaded = loaded
+        every = verify_every()
+        if every and not also_open and loaded.usable is not None:
+            also_open = (loaded.usable.baseline,)  # what ARXTUNE_VERIFY compares with, where the caller opens no baseline
         thresholds, ready, self.ladder = loaded.usable, None, None
         policy = ladder.policy()
         if policy != "off":  # the start-up ladder (ARXTUNE_BOOT): `candidates` serve a group without a file under adjust
             thresholds, ready = self._ladder(policy, thresholds, also_open, candidates, fallback)
         self.opened: Opened = open_router(thresholds, ctx, fallback, native, capturing or capture_check(ctx.device),
-                                          also_open, ready=ready)
+                                          also_open, ready=ready, excluded=self.ladder.failed if self.ladder else None)
         self.thresholds = thresholds  # what the router uses: the file, or the ladder's under adjust
         if self.ladder is not None:
             self.opened.line += ", " + self.ladder.line
         self.router = self.opened.router
+        reference = next((self.backends[n] for n in also_open if n in self.backends), None)
+        if every and reference is not None:
+            self._verify = Verifier(self, reference, every)
+            self.run = self._verify.run  # the plain run stays the class's: no cost per call without ARXTUNE_VERIFY
+            self.opened.line += f", verify 1 call in {every} against {reference_name(self.backends, reference)}"
+        elif every:
+            self.opened.line += f", verify off ({env.VERIFY.name}: no baseline could open to compare with)"
 
     def _ladder(self, policy: str, thresholds: Thresholds | None, also_open: tuple[str, ...], candidates: tuple[str, ...],
                 fallback: str) -> tuple[Thresholds | None, tuple[dict, dict] | None]:
         """Open what the ladder times, run it, and hand the opened backends to the router; any failure keeps the file."""
         ctx = self.ctx
-        if thresholds is not None:
+        since, left = None, {}
+        if thresholds is not None:  # what the file names opens for serving anyway: the budget starts after it
             wanted = sorted({r.backend for t in thresholds.tables if t.world_size == ctx.world_size for r in t.ranges})
-        else:
-            wanted = list(candidates) if policy == "adjust" else []
-        wanted = list(dict.fromkeys(list(also_open) + wanted))
+        else:  # candidates open for the ladder alone: their opening is part of its budget
+            since = time.monotonic()
+            named = {o.backend for o in parse_overrides(env.OVERRIDES.get())}
+            wanted, left = ladder.within_reach(candidates, named) if policy == "adjust" else ((), {})
+        wanted = list(dict.fromkeys(list(also_open) + list(wanted)))
         baseline = thresholds.baseline if thresholds else (also_open[0] if also_open else fallback)
         opened, status = open_backends(wanted, backend_context(ctx, thresholds))
         try:
-            self.ladder = ladder.run(ctx, thresholds, opened, status, policy, tuple(wanted), baseline)
+            self.ladder = ladder.run(ctx, thresholds, opened, status, policy, tuple(wanted), baseline, since=since)
         except Exception as exc:  # start-up goes on with the file as it is
             log.warning("arxtune: start-up ladder failed (%s: %s); the thresholds file is used as it is", type(exc).__name__, exc)
             self.ladder = ladder.Outcome(thresholds, f"ladder {policy}: failed ({type(exc).__name__})")
+        if left:
+            self.ladder.line += "; left out " + ", ".join(
+                f"{name} (opening it imports {framework}, which this process has not: name it in {env.OVERRIDES.name} "
+                f"or import {framework} first)" for name, framework in left.items())
         return self.ladder.thresholds if policy == "adjust" else thresholds, (opened, status)
 
     @property
@@ -172,4 +197,58 @@ class Dispatch:
         return out.view(OP_SPECS[op].out_numel(tensor.shape[0], world), *tensor.shape[1:])
 
     def close(self) -> None:
+        """Close every backend and forget them (a second call does nothing); later calls go to the caller's path."""
         self.opened.close()
+        self.__dict__.pop("run", None)
+        self.__dict__.pop("_verify", None)
+
+
+def verify_every() -> int:
+    """ARXTUNE_VERIFY as a call count; 0 (off) when unset, and with a warning when it is not a whole number >= 1."""
+    text = env.VERIFY.get()
+    if not text or text == "0":
+        return 0
+    if text.isdigit() and len(text) < 10:
+        return int(text)
+    log.warning("arxtune: %s=%r is not a whole number of calls >= 1; verification is off", env.VERIFY.name, text)
+    return 0
+
+
+def reference_name(backends: dict, backend: Backend) -> str:
+    return next((name for name, b in backends.items() if b is backend), getattr(backend, "name", "?"))
+
+
+class Verifier:
+    """ARXTUNE_VERIFY=N: every Nth call of each backend is made again through the reference (the baseline)
+    and compared (ops.differs); a backend whose result differs on any rank is excluded by the router for that
+    (op, dtype) in every mode, for good, and this call returns the reference's result. Calls while a CUDA
+    graph is captured are not checked (the comparison needs the host). Every rank counts alike, so every
+    rank checks the same calls: the check is a collective (the reference's call, and agreeing on the verdict)."""
+
+    def __init__(self, dispatch: "Dispatch", reference: Backend, every: int):
+        self.dispatch = dispatch
+        self.reference = reference
+        self.every = every
+        self.calls: dict[int, int] = {}  # id(backend) -> its calls so far
+
+    def run(self, backend: Backend, op: str, tensor: torch.Tensor) -> torch.Tensor:
+        dispatch = self.dispatch
+        out = Dispatch.run(dispatch, backend, op, tensor)
+        if backend is self.reference or dispatch.router.mode() == "graph":
+            return out
+        count = self.calls[id(backend)] = self.calls.get(id(backend), 0) + 1
+        if count % self.every:
+            return out
+        want = Dispatch.run(dispatch, self.reference, op, tensor)
+        bad = differs(out, want, op, dispatch.ctx.world_size) or ""
+        if not all_max(1.0 if bad else 0.0, dispatch.ctx.cpu_group):
+            return out
+        rank, why = next((r, b) for r, b in enumerate(gather_objects(bad, dispatch.ctx.cpu_group)) if b)
+        name = reference_name(dispatch.backends, backend)
+        dtype = dtype_name(tensor.dtype)
+        nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, dispatch.ctx.world_size)
+        what = f"{env.VERIFY.name}, call {count} at {format_bytes(nbytes)}: rank {rank}: {why}"
+        if dispatch.router.exclude(name, op, dtype, what) and dispatch.ctx.rank == 0:
+            log.warning("arxtune: %s gave a wrong %s/%s result (%s); it serves no %s/%s call for the rest of this process "
+                        "(they go to %s)", name, op, dtype, what, op, dtype, dispatch.router.fallback)
+        return want

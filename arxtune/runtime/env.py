@@ -18,6 +18,8 @@ class Variable:
     default: str
     meaning: str
     choices: tuple[str, ...] = ()  # the values it may take (case-insensitive); empty: any
+    #: Whether it decides which collectives a group runs: the ranks compare it before their first one (`differences`).
+    agreed: bool = False
 
     def get(self, environ: Mapping[str, str] | None = None) -> str:
         """The value with surrounding blanks removed; the default when unset or blank.
@@ -37,8 +39,8 @@ class Variable:
 VARIABLES: dict[str, Variable] = {}
 
 
-def _declare(name: str, default: str, meaning: str, choices: tuple[str, ...] = ()) -> Variable:
-    variable = Variable(name, default, meaning, choices)
+def _declare(name: str, default: str, meaning: str, choices: tuple[str, ...] = (), agreed: bool = False) -> Variable:
+    variable = Variable(name, default, meaning, choices, agreed)
     VARIABLES[name] = variable
     return variable
 
@@ -47,16 +49,22 @@ def _declare(name: str, default: str, meaning: str, choices: tuple[str, ...] = (
 THRESHOLDS = _declare("ARXTUNE_THRESHOLDS", "", "the thresholds file the communicator and the vLLM plugin load "
                       "(default ~/.config/arxtune/thresholds.json, where `arxtune calibrate RUN --install` writes)")
 OVERRIDES = _declare("ARXTUNE_OVERRIDES", "", "ranges laid over the calibrated tables: OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, "
-                     "items separated by ',' or ';'")
+                     "items separated by ',' or ';'", agreed=True)
 FINGERPRINT = _declare("ARXTUNE_FINGERPRINT", "warn", "warn: name what differs from the run a file was measured on and use it; "
-                       "strict: fall back to the baseline instead", ("warn", "strict"))
-EXTRA_BACKENDS = _declare("ARXTUNE_EXTRA_BACKENDS", "", "site backends added to the registry: name=package.module:Class, ...")
+                       "strict: fall back to the baseline instead", ("warn", "strict"), agreed=True)
+EXTRA_BACKENDS = _declare("ARXTUNE_EXTRA_BACKENDS", "", "site backends added to the registry: name=package.module:Class, ...",
+                          agreed=True)
 # -- the start-up ladder (arxtune.runtime.ladder)
 BOOT = _declare("ARXTUNE_BOOT", "check", "off: trust the thresholds file; check: time each boundary on the live group at "
-                "start-up and say whether it held; adjust: also move a contradicted boundary (and, with no file, build tables)")
-BOOT_BUDGET_S = _declare("ARXTUNE_BOOT_BUDGET_S", "1", "seconds the start-up ladder may spend in all (its backends' "
-                         "own timeouts come on top)")
+                "start-up and say whether it held; adjust: also move a contradicted boundary (and, with no file, build tables)",
+                agreed=True)
+BOOT_BUDGET_S = _declare("ARXTUNE_BOOT_BUDGET_S", "1", "seconds the start-up ladder may spend in all, opening the "
+                         "backends it alone needs included (their own timeouts come on top)", agreed=True)
 BOOT_OUT = _declare("ARXTUNE_BOOT_OUT", "", "where rank 0 writes the ladder's run (default ~/.cache/arxtune/boot/)")
+# -- serving
+VERIFY = _declare("ARXTUNE_VERIFY", "", "N: every Nth call of each backend is made again through the baseline and "
+                  "compared; one that differs serves nothing of that op and dtype for the rest of the process (default: off)",
+                  agreed=True)
 # -- the vLLM plugin
 VLLM_DISABLE = _declare("ARXTUNE_VLLM_DISABLE", "", "1: the plugin installs nothing and vLLM keeps its own communicator")
 VLLM_LOG = _declare("ARXTUNE_VLLM_LOG", "info", "what the plugin logs: info (start-up line and warnings), calls (also one "
@@ -78,6 +86,23 @@ RDMA_PORT = _declare("ARXTUNE_RDMA_PORT", "", "the RDMA device port (default 1)"
 RDMA_GID_INDEX = _declare("ARXTUNE_RDMA_GID_INDEX", "", "the GID index (default: the port's RoCE v2 IPv4 GID)")
 RDMA_MAX_BYTES = _declare("ARXTUNE_RDMA_MAX_BYTES", "", "the largest message the pre-registered buffers hold")
 RDMA_TIMEOUT_S = _declare("ARXTUNE_RDMA_TIMEOUT_S", "", "how long an RDMA wait lasts before it is an error")
+
+
+def agreed_values(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """(name, value as set) of every variable the ranks of a group must agree on."""
+    environ = os.environ if environ is None else environ
+    return tuple((v.name, environ.get(v.name, "").strip()) for v in VARIABLES.values() if v.agreed)
+
+
+def differences(per_rank: list[tuple[tuple[str, str], ...]]) -> str:
+    """'' when every rank's agreed_values() are the same; else one line naming each variable that differs."""
+    said = []
+    for i, (name, _) in enumerate(per_rank[0]):
+        values = [dict(rank).get(name, "") for rank in per_rank]
+        if len(set(values)) > 1:
+            shown = ", ".join(f"rank {r}: {v[:80]!r}" for r, v in enumerate(values))
+            said.append(f"{name} differs between ranks ({shown})")
+    return "; ".join(said) + "; set the same value on every rank" if said else ""
 
 
 def problems(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -7,9 +7,13 @@ the backend the file gives each side, in interleaved rounds (the order
 reversed every other round), each sample the slowest rank's. At each size
 the file's choice keeps it unless the other side is clearly faster by the
 decision rule calibrate uses (arxtune.runtime.decision). Every result is
-checked exactly; a wrong result, an exception or a timeout loses, with a
-warning. The whole ladder stays within a budget (ARXTUNE_BOOT_BUDGET_S): the
-ranks agree on the time spent before every size, so they stop together.
+checked exactly; a backend that gives a wrong result, raises or times out is
+out (Outcome.failed): the router serves nothing of that (op, dtype) with it,
+in any mode, for the life of the process. The whole ladder stays within a
+budget (ARXTUNE_BOOT_BUDGET_S; without a file, opening its candidates
+included, and a candidate that would import a framework the process has not
+is left out): the ranks agree on the time spent before every size, so they
+stop together.
 
 Rank 0 decides and every rank applies its verdict. ARXTUNE_BOOT: `check`
 (the default) says per boundary whether it held and warns once for each it
@@ -26,6 +30,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -80,6 +85,25 @@ def candidates(device: torch.device) -> tuple[str, ...]:
     from arxtune.runtime.backends import BUILTIN, names
 
     return CANDIDATES.get(device.type, ()) + tuple(n for n in names() if n not in BUILTIN)
+
+
+def within_reach(names: tuple[str, ...], named: set[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the candidates the ladder opens, {left out: the framework it would import}): opening a candidate must not
+    import a framework this process has not imported (vLLM in a plain Communicator process: seconds, outside any
+    budget), unless `named` (the file, ARXTUNE_OVERRIDES) names it."""
+    import importlib.util
+
+    from arxtune.runtime.backends import FRAMEWORKS
+
+    def costly(name: str) -> bool:  # installed, not yet imported (one that is not installed fails to open at once)
+        framework = FRAMEWORKS.get(name)
+        if not framework or framework in sys.modules or name in named:
+            return False
+        spec = importlib.util.find_spec(framework)
+        return spec is not None and spec.origin not in (None, "namespace")  # a folder of that name is not the framework
+
+    left = {n: FRAMEWORKS[n] for n in names if costly(n)}
+    return tuple(n for n in names if n not in left), left
 
 
 def policy() -> str:
@@ -207,7 +231,8 @@ def move_boundary(ranges: tuple[Range, ...], at: int, new: int) -> tuple[Range, 
 
 @dataclass(frozen=True)
 class Judged:
-    """One boundary's verdict: 'held', 'moved' (to `new`), 'unclear' (winners interleave) or 'not judged' (why)."""
+    """One boundary's verdict: 'held', 'moved' (to `new`), 'unclear' (winners interleave), 'out' (a side failed:
+    a wrong result, an exception or a timeout) or 'not judged' (why)."""
 
     boundary: Boundary
     verdict: str
@@ -229,6 +254,9 @@ def judge(boundary: Boundary, sizes: list[int], points: dict[int, dict[str, Meas
     measured = [s for s in sizes if s in points]
     if not measured:
         return Judged(boundary, "not judged", why="budget spent" if sizes else "no size to probe")
+    failed = [name for name in (boundary.below, boundary.above) if any(points[s][name].status != "ok" for s in measured)]
+    if failed:  # not a slower side but a wrong one: the router takes it out (Outcome.failed), the boundary is moot
+        return Judged(boundary, "out", why=f"{' and '.join(failed)} failed")
     wins = [winner(boundary.choice(s), [boundary.below, boundary.above], points[s], margin) for s in measured]
     if all(w == boundary.choice(s) for w, s in zip(wins, measured)):
         return Judged(boundary, "held")
@@ -271,14 +299,14 @@ def coarse_tables(world: int, choices: dict[tuple[str, str], list[tuple[int, str
 class Prober:
     """Times backends at one (op, dtype, mode, size) on the group, within the budget; every rank calls it alike."""
 
-    def __init__(self, ctx: GroupContext, backends: dict[str, Backend], budget: float, margin: float = DEFAULT_MARGIN):
+    def __init__(self, ctx: GroupContext, backends: dict[str, Backend], budget: float, margin: float = DEFAULT_MARGIN,
+                 start: float | None = None):
         self.ctx = ctx
         self.backends = backends
         self.budget = budget
         self.margin = margin  # what `undecided` judges closeness by
-        self.start = time.monotonic()
-        self.points: dict[tuple, Measured] = {}  # (backend, op, dtype, mode, nbytes) -> what was measured
-        self.warned: set[tuple] = set()
+        self.start = time.monotonic() if start is None else start  # earlier where opening the candidates counts
+        self.points: dict[tuple, Measured] = {}  # (backend, op, dtype, mode, nbytes) -> what was measured, in order
 
     def spent(self) -> float:
         """Seconds since the ladder began, the slowest rank's (so every rank decides alike)."""
@@ -399,9 +427,14 @@ class Prober:
     def _record(self, name: str, op: str, dtype: str, mode: str, nbytes: int, error: str, rounds: list[list[float]]) -> None:
         status = "ok" if not error else ("wrong" if error.split(": ", 1)[-1].startswith("wrong") else "error")
         self.points[(name, op, dtype, mode, nbytes)] = Measured(name, status, [list(r) for r in rounds], error)
-        if error and self.ctx.rank == 0 and (name, op) not in self.warned:
-            self.warned.add((name, op))
-            log.warning("arxtune: start-up ladder: %s %s/%s %s at %s lost (%s)", name, op, dtype, mode, format_bytes(nbytes), error)
+
+    def failed(self) -> dict[tuple[str, str, str], str]:
+        """(backend, op, dtype) -> its first failure, with the size and mode: what the router takes out for good."""
+        found: dict[tuple[str, str, str], str] = {}
+        for (name, op, dtype, mode, nbytes), got in self.points.items():
+            if got.status != "ok":
+                found.setdefault((name, op, dtype), f"start-up ladder, {mode} at {format_bytes(nbytes)}: {got.error}")
+        return found
 
 
 # -- the ladder as a whole
@@ -415,6 +448,8 @@ class Outcome:
     line: str
     warnings: list[str] = field(default_factory=list)
     run_path: str = ""
+    #: (backend, op, dtype) -> its first failure (a wrong result, an exception, a timeout): out for good.
+    failed: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
 
 def modes_for(device: torch.device) -> tuple[str, ...]:
@@ -422,18 +457,20 @@ def modes_for(device: torch.device) -> tuple[str, ...]:
 
 
 def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Backend], status: dict[str, dict],
-        mode: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...] = ()) -> Outcome:
+        mode: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...] = (), since: float | None = None) -> Outcome:
     """The whole ladder on an opened group (a collective on ctx.cpu_group); rank 0's verdict for every rank.
 
     `backends` are open on every rank (agreed); `candidates` are what a
-    deployment without a file may choose from beside `baseline`.
+    deployment without a file may choose from beside `baseline`; `since`: the
+    monotonic time the budget started (before opening what only the ladder needs).
     """
     budget, started = budget_s(), _now()
-    prober = Prober(ctx, backends, budget * MEASURE_SHARE, thresholds.margin if thresholds else DEFAULT_MARGIN)
+    prober = Prober(ctx, backends, budget * MEASURE_SHARE, thresholds.margin if thresholds else DEFAULT_MARGIN, since)
     if thresholds is None:
         outcome = _build(ctx, prober, mode, candidates, baseline, dtypes)
     else:
         outcome = _check(ctx, prober, thresholds, mode, backends, status)
+    outcome.failed = prober.failed()
     outcome.line += f" in {prober.spent():.2f} s of {budget:g}"
     answers = gather_objects((outcome if ctx.rank == 0 else None, host_facts(ctx.device)), ctx.cpu_group)
     outcome = answers[0][0]  # rank 0's verdict, on every rank
@@ -475,14 +512,15 @@ def _reason(status: dict, names: list[str]) -> str:
 
 
 def _verdict_outcome(thresholds: Thresholds, verdicts: list[Judged], mode: str, world: int) -> Outcome:
-    counts = {v: sum(j.verdict == v for j in verdicts) for v in ("held", "moved", "unclear", "not judged")}
+    counts = {v: sum(j.verdict == v for j in verdicts) for v in ("held", "moved", "unclear", "out", "not judged")}
     warnings = [f"start-up ladder contradicts {j.boundary.describe()}: the other side wins ({j.evidence})"
                 + ("; moved to " + format_bytes(j.new) if mode == "adjust" else
                    f"; the file is used as it is ({env.BOOT.name}=adjust would move it to {format_bytes(j.new)})")
                 for j in verdicts if j.verdict == "moved"]
     if not verdicts:
         return Outcome(thresholds, f"ladder {mode}: no boundary to check")
-    said = {"held": "held", "moved": "moved" if mode == "adjust" else "contradicted", "unclear": "unclear", "not judged": "not judged"}
+    said = {"held": "held", "moved": "moved" if mode == "adjust" else "contradicted", "unclear": "unclear", "out": "out",
+            "not judged": "not judged"}
     head = ", ".join(f"{n} {said[v]}" for v, n in counts.items() if n)
     detail = "; ".join(j.describe(mode == "adjust") for j in verdicts)
     moved = any(j.verdict == "moved" for j in verdicts)
@@ -535,7 +573,7 @@ def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, st
     import io
 
     from arxtune import __version__
-    from arxtune.runtime.fileio import write_text_atomic
+    from arxtune.runtime.fileio import Staged
 
     records = sorted(prober.points.items())
     if not records:
@@ -562,9 +600,12 @@ def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, st
                          " ".join(f"{s:.3f}" for s in flat), " ".join(got.error.split())])
     try:
         path.mkdir(parents=True, exist_ok=False)
-        write_text_atomic(path / "points.csv", text.getvalue(), "ladder points")
-        write_text_atomic(path / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n", "ladder metadata")
+        with Staged() as staged:  # a run is its two files together, or nothing
+            staged.write_text(path / "points.csv", text.getvalue(), "ladder points")
+            staged.write_text(path / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n", "ladder metadata")
     except Exception as exc:  # evidence is worth a warning, never a failed start-up
         log.warning("arxtune: start-up ladder: cannot write its run to %s (%s)", path, exc)
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
         return ""
     return str(path)

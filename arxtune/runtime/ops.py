@@ -136,3 +136,25 @@ def mismatch(out: torch.Tensor, expected: torch.Tensor) -> str | None:
         return None
     first = int(bad[0, 0]) if bad.dim() > 1 else int(bad[0])
     return f"{bad.shape[0]} of {got.numel()} elements wrong; first at {first}: got {got[first].item()} expected {expected[first].item()}"
+
+
+def differs(got: torch.Tensor, want: torch.Tensor, op: str, world: int) -> str | None:
+    """None when `got` agrees with another backend's `want` for the same call, else a short description.
+
+    Bit for bit where no arithmetic happens (all_gather) or none rounds (integers); for floating-point sums,
+    within what `world` additions in another order can move a result: world x eps x the largest magnitude.
+    """
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)} != expected {tuple(want.shape)}"
+    if op == "all_gather" or not got.is_floating_point():
+        return mismatch(got, want)
+    g, w = got.detach().double(), want.detach().double()
+    largest = float(torch.nan_to_num(w.abs(), posinf=0.0, neginf=0.0).amax()) if w.numel() else 0.0
+    tol = world * torch.finfo(got.dtype).eps * largest
+    bad = ~torch.isclose(g, w, rtol=0.0, atol=tol, equal_nan=True)
+    if not bool(bad.any()):
+        return None
+    flat = bad.reshape(-1).nonzero()
+    first = int(flat[0, 0])
+    return (f"{flat.shape[0]} of {got.numel()} elements differ by more than {tol:.3g}; first at {first}: "
+            f"got {got.reshape(-1)[first].item()} expected {want.reshape(-1)[first].item()}")

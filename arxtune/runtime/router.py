@@ -7,8 +7,9 @@ start-up line says so). Explicit overrides are laid over the calibrated
 ranges. Backends are opened with the options the file recorded, and a range
 resolves to None (the caller's own path) when its backend is native to the
 caller, could not start, does not implement the op, or cannot be captured
-in the graph table. Per call: one dict get, one bisect, the backend's
-`supports()` (its capacity) and a counter.
+in the graph table, or was caught giving a wrong result (the router's
+`excluded`, for every mode and the life of the process). Per call: one dict
+get, one bisect, the backend's `supports()` (its capacity) and a counter.
 
 Overrides: ARXTUNE_OVERRIDES, the same on every rank, items separated by ','
 or ';', each `OP[/DTYPE][@MODE]:LO-[HI]=BACKEND`, sizes in bytes or with a unit,
@@ -127,14 +128,33 @@ def mode_tables(thresholds: Thresholds | None, world: int, overrides: tuple[Over
 class Router:
     """Per call: the backend for (op, dtype, bytes) in the current mode, or None for the caller's own path.
 
-    `calls` counts every call by (op, backend name), `fallback` naming the caller's path.
+    `calls` counts every call by (op, backend name), `fallback` naming the caller's path. `excluded` is the
+    one record of what may not serve: (backend name, op, dtype name) -> why, for every mode and the life of
+    the process (a backend caught giving a wrong result, raising or timing out); `rebuild(excluded)` gives
+    the routes again when one is added while serving.
     """
 
-    def __init__(self, routes: dict, fallback: str, capturing: Callable[[], bool] | None = None):
+    def __init__(self, routes: dict, fallback: str, capturing: Callable[[], bool] | None = None,
+                 rebuild: Callable[[dict], dict] | None = None, excluded: dict | None = None):
         self._routes = routes  # (mode, op, torch dtype) -> (range starts after the first, [(backend, name) or None])
         self.fallback = fallback
         self._capturing = capturing
+        self._rebuild = rebuild
+        self.excluded: dict[tuple[str, str, str], str] = dict(excluded or {})
         self.calls: Counter = Counter()
+
+    def exclude(self, name: str, op: str, dtype: str, why: str) -> bool:
+        """Take `name` out of (op, dtype) in every mode for good: its ranges go to the fallback. False if it already was."""
+        if (name, op, dtype) in self.excluded:
+            return False
+        self.excluded[(name, op, dtype)] = why
+        if self._rebuild is not None:
+            self._routes = self._rebuild(self.excluded)
+        return True
+
+    def close(self) -> None:
+        """Forget every backend: every later call is the fallback's."""
+        self._routes, self._rebuild = {}, None
 
     @property
     def takes_anything(self) -> bool:
@@ -164,17 +184,20 @@ class Router:
         self.calls[(op, name or self.fallback)] += 1
 
 
-def resolve(tables: dict, opened: dict, native: Callable[[str], bool]) -> dict:
-    """Range names -> (backend, name), or None where the caller's own path serves the call."""
-    def usable(name: str, op: str, mode: str):
+def resolve(tables: dict, opened: dict, native: Callable[[str], bool], excluded: dict | None = None) -> dict:
+    """Range names -> (backend, name), or None where the caller's own path serves the call (or the backend is
+    excluded for that op and dtype: `excluded` holds (name, op, dtype) keys)."""
+    excluded = excluded or {}
+
+    def usable(name: str, op: str, dtype: str, mode: str):
         backend = opened.get(name)
-        if native(name) or backend is None or op not in getattr(backend, "ops", OPS):
+        if native(name) or backend is None or op not in getattr(backend, "ops", OPS) or (name, op, dtype) in excluded:
             return None
         if mode == "graph" and not getattr(backend, "capturable", False):
             return None
         return (backend, name)
 
-    return {(mode, op, DTYPES[dtype]): ([r.lo for r in ranges[1:]], [usable(r.backend, op, mode) for r in ranges])
+    return {(mode, op, DTYPES[dtype]): ([r.lo for r in ranges[1:]], [usable(r.backend, op, dtype, mode) for r in ranges])
             for (mode, op, dtype), ranges in tables.items()}
 
 
@@ -201,9 +224,11 @@ class Opened:
     problems: list[str]
 
     def close(self) -> None:
+        """Close every backend and let go of them (and so of their process groups); a second call does nothing."""
         for backend in self.backends.values():
             backend.close()
         self.backends = {}
+        self.router.close()
 
 
 def _fingerprint_check(thresholds: Thresholds, ctx: GroupContext) -> tuple[str, bool]:
@@ -231,7 +256,8 @@ def backend_context(ctx: GroupContext, thresholds: Thresholds | None) -> GroupCo
 
 def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str, native: Callable[[str], bool],
                 capturing: Callable[[], bool] | None = None, also_open: tuple[str, ...] = (),
-                overrides: tuple[Override, ...] | None = None, ready: tuple[dict, dict] | None = None) -> Opened:
+                overrides: tuple[Override, ...] | None = None, ready: tuple[dict, dict] | None = None,
+                excluded: dict | None = None) -> Opened:
     """Open what the file (and the overrides) name for this group and build the router.
 
     `native(name)`: whether the caller serves that backend's ranges itself (its
@@ -239,7 +265,9 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
     communicator's baseline). `overrides` default to ARXTUNE_OVERRIDES', whose
     bad value raises ArxtuneError (the same on every rank). `ready`: (backends,
     status) already opened on every rank (the start-up ladder's), used instead
-    of opening them again; those not wanted are closed.
+    of opening them again; those not wanted are closed. `excluded`: (name, op,
+    dtype) -> why, the backends start-up caught giving a wrong result, raising
+    or timing out: out of that (op, dtype) in every mode, one problem each.
     """
     if overrides is None:
         overrides = parse_overrides(env.OVERRIDES.get())
@@ -283,9 +311,15 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
     parts += [note() for _, b in sorted(opened.items()) if callable(note := getattr(b, "startup_note", None))]
     parts.append(status)
     parts.append("overrides " + ("; ".join(o.describe() for o in overrides) if overrides else f"none (${ENV_OVERRIDES})"))
-    routes = resolve(tables, opened, native)
+    excluded = dict(excluded or {})
+    problems += [f"{name} is out of {op}/{dtype} in every mode for the life of this process: {why}"
+                 for (name, op, dtype), why in excluded.items()]
+    routes = resolve(tables, opened, native, excluded)
     taken = [f"{mode} {op}/{dtype} [{format_bytes(lo)}, {'inf' if hi is None else format_bytes(hi)}) -> {name}"
              for (mode, op, dtype), ranges in sorted(tables.items())
              for lo, hi, name in _spans(ranges, routes[(mode, op, DTYPES[dtype])][1])]
     parts.append("takes " + ("; ".join(taken) if taken else "nothing"))
-    return Opened(Router(routes, fallback, capturing), opened, ", ".join(parts), problems)
+    if excluded:
+        parts.append(f"out {len(excluded)} (" + "; ".join(f"{name} {op}/{dtype}" for name, op, dtype in excluded) + ")")
+    router = Router(routes, fallback, capturing, lambda now: resolve(tables, opened, native, now), excluded)
+    return Opened(router, opened, ", ".join(parts), problems)

@@ -149,11 +149,14 @@ class Thresholds:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def save(self, path: str | Path) -> Path:
-        """Write the file, after checking that it reads back (a file the loader would refuse is never written)."""
+    def to_text(self, where: str = "thresholds") -> str:
+        """The file's text, after checking that it reads back (a file the loader would refuse is never written)."""
         data = self.to_dict()
-        from_dict(json.loads(json.dumps(data)), f"thresholds for {path}")
-        return write_text_atomic(path, json.dumps(data, indent=2) + "\n", "thresholds file")
+        from_dict(json.loads(json.dumps(data)), where)
+        return json.dumps(data, indent=2) + "\n"
+
+    def save(self, path: str | Path) -> Path:
+        return write_text_atomic(path, self.to_text(f"thresholds for {path}"), "thresholds file")
 
     def to_csv(self) -> str:
         """arxtune's ranges, one line each, in the spirit of NCCL's tuner files (first match wins, -1 a wildcard / no

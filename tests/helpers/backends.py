@@ -185,3 +185,31 @@ class Hangs(GlooBackend):
         wait = float(os.environ.get("ARXTUNE_TEST_HANG_S", "3"))
         time.sleep(wait)
         raise TimeoutError(f"gave up after {wait:g} s")
+
+
+class GoesWrong(CountingGloo):
+    """Right for its first ARXTUNE_TEST_WRONG_AFTER calls (default 3), then wrong on rank 1: a backend that
+    passes start-up and goes bad while serving, which only ARXTUNE_VERIFY can catch."""
+
+    name = "goeswrong"
+    calls: dict[str, int] = {}
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.rank = ctx.rank
+        self.after = int(os.environ.get("ARXTUNE_TEST_WRONG_AFTER", "3"))
+        self.made = 0
+
+    def all_reduce(self, inp, out):
+        super().all_reduce(inp, out)
+        self.made += 1
+        if self.rank == 1 and self.made > self.after:
+            out[-1] += 1
+
+
+class CapturableWrong(OffByOne):
+    """OffByOne that says it can be captured: the graph table may give it ranges, which a wrong answer in
+    the eager ladder must take from it too."""
+
+    name = "capwrong"
+    capturable = True

@@ -4,9 +4,10 @@
 
 Runs, one after another on the same gloo group: `off`, `check` and `adjust`
 on a file that gives 'slowabove' (20 ms a call from 8 KiB) everything below
-64 KiB; `adjust` with no file and 'slowabove' as the baseline; `check` on a
-file that gives a backend that hangs 3 s and then times out everything below
-64 KiB. Rank 0 prints one `RESULT {json}` line per scenario; every rank
+64 KiB; `check` and `adjust` on a file that gives 'capwrong' (wrong on rank 1,
+capturable) all_reduce and all_gather below 64 KiB in both modes; `adjust`
+with no file and 'slowabove' as the baseline; `check` on a file that gives a
+backend that hangs 3 s and then times out everything below 64 KiB. Rank 0 prints one `RESULT {json}` line per scenario; every rank
 checks its own routes and that the ranks ended with identical tables.
 """
 
@@ -71,7 +72,23 @@ for policy in ("off", "check", "adjust"):
     works(comm, 256 * KiB)
     report(policy, comm, took, same)
 
-hangs = REGISTRY.pop("hangs")  # not a candidate of the file-less ladder
+# A backend caught wrong is out of that (op, dtype) in every mode, under check and adjust alike; its correct
+# all_gather keeps the ranges the file gives it.
+graph = [False]
+wrong_ranges = (Range(0, 64 * KiB, "capwrong"), Range(64 * KiB, None, "gloo"))
+wrong_file = Thresholds("gloo", 0.05, {}, tuple(Table(op, "float32", world, wrong_ranges, mode, "test", mode)
+                                               for op in ("all_reduce", "all_gather") for mode in ("eager", "graph")))
+for policy in ("check", "adjust"):
+    comm, took, same = start(policy, wrong_file, capturing=lambda: graph[0])
+    works(comm, 2 * KiB)
+    graph[0] = True
+    in_graph = {op: comm.choose(op, f32, 2 * KiB).name for op in ("all_reduce", "all_gather")}
+    graph[0] = False
+    report(f"wrong-{policy}", comm, took, same, in_graph=in_graph,
+           all_gather=comm.choose("all_gather", f32, 2 * KiB).name)
+
+hangs = REGISTRY.pop("hangs")  # not candidates of the file-less ladder
+REGISTRY.pop("capwrong")
 os.environ["ARXTUNE_THRESHOLDS"] = os.path.join(out, "none.json")
 os.environ["ARXTUNE_BOOT_BUDGET_S"] = "2"
 comm, took, same = start("adjust", None, baseline="slowabove")

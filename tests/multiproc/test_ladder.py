@@ -4,8 +4,10 @@ A file claims 'slowabove' (a sleep of 20 ms a call from 8 KiB) fast up to
 64 KiB: `check` warns and keeps the file, `adjust` moves the boundary below
 the sizes where gloo won and every rank ends with the same tables, `off`
 changes nothing; with no file `adjust` builds tables and `check` says it has
-nothing to check; a backend that waits 3 s and times out loses, and start-up
-takes no longer than the budget plus that wait. The runs rank 0 wrote read
+nothing to check; a backend caught giving a wrong result serves nothing of that
+(op, dtype) in any mode, under check and adjust alike; a backend that waits 3 s
+and times out is out as well, and start-up takes no longer than the budget
+plus that wait. The runs rank 0 wrote read
 back with the harness, and calibrate takes them.
 """
 
@@ -32,7 +34,8 @@ SLACK_S = 3.0
 def _launch(world: int, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARXTUNE_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
-               ARXTUNE_EXTRA_BACKENDS="slowabove=helpers.backends:SlowAbove,hangs=helpers.backends:Hangs",
+               ARXTUNE_EXTRA_BACKENDS="slowabove=helpers.backends:SlowAbove,hangs=helpers.backends:Hangs,"
+                                      "capwrong=helpers.backends:CapturableWrong",
                ARXTUNE_BOOT_OUT=str(tmp_path / "boot"), ARXTUNE_BOOT_BUDGET_S=str(BUDGET_S), ARXTUNE_TEST_HANG_S=str(HANG_S))
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                            str(TESTS / "helpers" / "ladder_worker.py"), str(tmp_path)],
@@ -70,15 +73,29 @@ def test_the_ladder_checks_adjusts_builds_and_keeps_its_budget(world, tmp_path):
     assert "ladder check: no thresholds file, nothing to check" in got["nofile-check"]["line"]
     assert set(got["nofile-check"]["picks"].values()) == {"slowabove"}
 
-    hangs = got["hangs"]
+    for policy in ("check", "adjust"):  # wrong is out: every mode, check and adjust alike, one warning each
+        wrong = got[f"wrong-{policy}"]
+        assert f"ladder {policy}: 2 boundaries, " in wrong["line"] and "all_reduce/float32 capwrong|gloo 64KiB out (capwrong failed)" in wrong["line"]
+        assert "out 1 (capwrong all_reduce/float32)" in wrong["line"]
+        assert "all_reduce/float32 [0B, 64KiB) -> capwrong" not in wrong["line"]
+        assert wrong["picks"][str(2 * KiB)] == "gloo" and wrong["in_graph"]["all_reduce"] == "gloo"
+        assert wrong["all_gather"] == "capwrong" and wrong["in_graph"]["all_gather"] == "capwrong"  # right there: the file's choice
+    said = [line for line in result.stderr.splitlines() if "capwrong is out of all_reduce/float32" in line]
+    assert len(said) == 2, said  # once per policy, from rank 0
+    assert all("in every mode for the life of this process: start-up ladder, eager at 32KiB: rank 1: wrong result: "
+               "1 of 8192 elements wrong; first at 0: got " in line and line.endswith("; those calls use gloo") for line in said), said
+
+    hangs = got["hangs"]  # a backend that times out at start-up is out as well
     assert HANG_S <= hangs["took_s"] < BUDGET_S + HANG_S + SLACK_S, hangs
-    assert "hangs all_reduce/float32 eager at 32KiB lost (rank 0: TimeoutError: gave up after 3 s)" in result.stderr
-    assert "takes eager all_reduce/float32 [0B, 64KiB) -> hangs" in hangs["line"]  # check keeps the file
+    assert ("hangs is out of all_reduce/float32 in every mode for the life of this process: start-up ladder, eager at 32KiB: "
+            "rank 0: TimeoutError: gave up after 3 s") in result.stderr
+    assert "-> hangs" not in hangs["line"] and hangs["picks"][str(2 * KiB)] == "gloo"
 
     runs = [load_run(p) for p in sorted((tmp_path / "boot").iterdir())]
-    assert len(runs) == 4, [r.path for r in runs]  # check, adjust, nofile-adjust, hangs; off and nofile-check measure nothing
+    assert len(runs) == 6, [r.path for r in runs]  # check, adjust, wrong x2, nofile-adjust, hangs; off, nofile-check measure nothing
     assert all(r.meta.world_size == world and len(r.meta.hostnames) == world for r in runs)
-    assert {r.backend for run in runs for r in run.records} == {"gloo", "slowabove", "hangs"}
+    assert {r.backend for run in runs for r in run.records} == {"gloo", "slowabove", "capwrong", "hangs"}
+    assert any(r.status == "wrong" for run in runs for r in run.records if r.backend == "capwrong")
     assert calibrate(runs[0]).table("all_reduce", "float32", world) is not None
     if world == 2:
         shown = subprocess.run([sys.executable, "-m", "arxtune", "show", str(runs[0].path)], capture_output=True, text=True, timeout=120)

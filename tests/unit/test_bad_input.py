@@ -69,7 +69,9 @@ def test_large_and_binary_files_are_refused(tmp_path):
     (b"[sweep]\nstep_factor = nan\n", "step_factor must be a number greater than 1"),
     (b"[sweep]\nstep_factor = 1.000001\n", "at most 200"),
     (b"[sweep]\nmax_bytes = '4096GiB'\n", "above 16GiB"),
-    (b"[sweep]\nmax_bytes = '" + b"9" * 400 + b"'\n", "max_bytes of 400 digits is above 16GiB"),
+    (b"[sweep]\nmax_bytes = '" + b"9" * 400 + b"'\n", r"max_bytes: size 9{37}\.\.\. is above 1048576GiB"),
+    (b"[sweep]\nmin_bytes = '" + b"9" * 5000 + b"'\n", r"min_bytes: size 9{37}\.\.\. is above"),
+    (b"\xef\xbb\xbf[sweep]\nmax_bytes = '1MiB'\n", "starts with a UTF-8 byte-order mark"),
     (b"[sweep]\nbackend_options = 'arx'\n", "backend_options must be a table"),
     (b"[sweep]\nbackend_options = {arx = 3}\n", "backend_options.arx must be a table"),
     (b"[sweep]\nwarmup_iters = true\n", "warmup_iters must be a whole number"),
@@ -93,6 +95,7 @@ def test_a_directory_given_as_a_config(tmp_path):
     (["--step-factor", "nan"], "step_factor must be a number"),
     (["--step-factor", "1.000001"], "sizes (at most 200)"),
     (["--max-bytes", "4096GiB"], "above 16GiB"),
+    (["--min-bytes", "9" * 5000], "min_bytes: size 9999"),
 ])
 def test_bad_sweep_flags_are_refused_before_launching(tmp_path, monkeypatch, flags, needle):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -377,3 +380,128 @@ def test_plot_names_an_unknown_or_absent_view(crossover_run):
 def test_flags_typer_cannot_parse_are_one_line(crossover_run):
     assert "Invalid value for '--margin'" in one_line_error("calibrate", crossover_run.path, "--margin", "abc")
     assert "No such option" in one_line_error("show", crossover_run.path, "--colour")
+
+
+# Round three: nothing written before everything is known, one writer per run, and the smaller cases.
+
+@pytest.mark.parametrize("args, needle", [
+    (["--export", "nccl-tuner", "--tuner-mode", "bogus"], "unknown --tuner-mode 'bogus'"),
+    (["--export", "nccl-tuner", "--tuner-dtype", "bogus"], "unknown --tuner-dtype 'bogus'"),
+    (["--export", "nccl-tuner", "--tuner-dtype", "bfloat16"], "has no bfloat16 table"),
+])
+def test_calibrate_checks_every_option_before_writing_anything(crossover_run, args, needle):
+    path = crossover_run.path
+    assert runner.invoke(app, ["calibrate", str(path)]).exit_code == 0
+    before = _snapshot(path)
+    assert needle in one_line_error("calibrate", path, "--margin", "0.2", *args)
+    assert _snapshot(path) == before  # the margin-0.05 file is still there, and no tuner file
+
+
+def test_calibrate_install_onto_a_full_disk_changes_nothing(crossover_run, tmp_path, monkeypatch):
+    path = crossover_run.path
+    assert runner.invoke(app, ["calibrate", str(path)]).exit_code == 0
+    before = _snapshot(path)
+    full = tmp_path / "full"
+    full.mkdir()
+    monkeypatch.setenv("ARXTUNE_THRESHOLDS", str(full / "thresholds.json"))
+    real = os.fsync
+
+    def no_space_in_full(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(full)):
+            raise OSError(28, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", no_space_in_full)
+    assert "No space left on device" in one_line_error("calibrate", path, "--install", "--margin", "0.2")
+    assert _snapshot(path) == before and list(full.iterdir()) == []
+
+
+def test_calibrate_writes_every_output_or_none(crossover_run, tmp_path, monkeypatch):
+    """The last rename failing puts back the files renamed before it."""
+    from arxtune.runtime import fileio
+
+    path = crossover_run.path
+    assert runner.invoke(app, ["calibrate", str(path)]).exit_code == 0
+    before = _snapshot(path)
+    real = os.replace
+
+    def tuner_cannot_land(src, dst):
+        if str(dst).endswith("nccl-tuner.csv"):
+            raise OSError(5, "Input/output error")
+        real(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", tuner_cannot_land)
+    assert "Input/output error" in one_line_error("calibrate", path, "--margin", "0.2", "--export", "nccl-tuner")
+    assert _snapshot(path) == before
+    monkeypatch.setattr(fileio.os, "replace", real)
+    result = runner.invoke(app, ["calibrate", str(path), "--margin", "0.2", "--export", "nccl-tuner"])
+    assert result.exit_code == 0 and "nccl tuner: " in result.output
+    assert sorted(_snapshot(path)) == ["meta.json", "nccl-tuner.csv", "points.csv", "thresholds.json"]
+
+
+def test_a_second_writer_of_a_run_is_refused_naming_the_first(crossover_run, tmp_path, monkeypatch):
+    _no_torchrun(monkeypatch)
+    path = crossover_run.path
+    meta = json.loads((path / "meta.json").read_text())
+    meta["finished"] = None
+    (path / "meta.json").write_text(json.dumps(meta))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from arxtune.harness.results import RunWriter; "
+                               "w = RunWriter.resume(sys.argv[1]); print('holding', flush=True); time.sleep(60)", str(path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        before = _snapshot(path)
+        line = one_line_error("sweep", "--resume", path)
+        assert f"run {path} is being written by pid {holder.pid} on host " in line, line
+        with pytest.raises(ArxtuneError, match=f"pid {holder.pid}"):
+            from arxtune.harness.results import RunWriter
+
+            RunWriter.resume(path)
+        assert _snapshot(path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died without letting go: the next writer takes over, with a warning naming it.
+    from arxtune.harness.results import RunWriter
+
+    with pytest.MonkeyPatch.context() as patch:
+        said = []
+        patch.setattr("arxtune.runtime.fileio._warn", said.append)
+        writer = RunWriter.resume(path)
+    assert said and f"taking over from pid {holder.pid} on host " in said[0], said
+    writer.close()
+    assert not (path / "writer.lock").exists()
+
+
+def test_run_id_of_a_finished_run_does_not_suggest_resume(crossover_run):
+    from arxtune.harness.results import RunExists, RunWriter
+
+    with pytest.raises(RunExists) as caught:
+        RunWriter.create(crossover_run.path.parent, crossover_run.meta)
+    assert "pick another --run-id" in str(caught.value) and "--resume" not in str(caught.value)
+
+
+def test_show_of_a_file_inside_a_run_names_the_run(crossover_run):
+    line = one_line_error("show", crossover_run.path / POINTS_FILE)
+    assert f"is part of the run in {crossover_run.path}; show the run: arxtune show {crossover_run.path}" in line
+
+
+def test_an_empty_config_is_every_default_said_once(tmp_path, caplog):
+    path = tmp_path / "empty.toml"
+    path.write_bytes(b"")
+    from arxtune.harness.config import SweepConfig
+
+    assert load_config(path) == SweepConfig()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"arxtune: config {path} is empty: every setting takes its default, as with no --config"]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("all_reduce:0-99999999999GiB=gloo", "is above 1048576GiB"),
+    ("all_reduce:0-" + "9" * 5000 + "=gloo", "is above 1048576GiB"),
+])
+def test_override_bounds_above_the_format_cap_are_refused(text, needle):
+    from arxtune.runtime.router import parse_overrides
+
+    with pytest.raises(ArxtuneError, match=needle):
+        parse_overrides(text)

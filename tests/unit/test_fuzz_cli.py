@@ -43,7 +43,21 @@ def lab(tmp_path_factory):
     os.mkfifo(root / "fifo")
     (root / "notes.txt").write_text("not arxtune's")
     (root / "dir").mkdir()
+    (root / "full").mkdir()  # a folder on a "full disk": every write there fails (see _full_disk)
     return root
+
+
+@pytest.fixture(autouse=True)
+def _full_disk(lab, monkeypatch):
+    """Writes under lab/full fail as on a full filesystem: after the checks, at the write itself."""
+    real = os.fsync
+
+    def fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(lab / "full")):
+            raise OSError(28, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
 
 
 @pytest.fixture(autouse=True)
@@ -61,11 +75,13 @@ def _paths(lab: Path) -> st.SearchStrategy[str]:
     return st.sampled_from([str(lab / "a"), str(lab / "b"), str(lab / "a" / POINTS_FILE), str(lab / "a" / META_FILE),
                             str(lab / "a" / "thresholds.json"), str(lab / "fifo"), str(lab / "notes.txt"), str(lab / "dir"),
                             str(lab / "missing" / "x.json"), str(lab), "", ".", "/dev/null", "/dev/zero", "/proc/x/y.json",
-                            "../escaped", "a\x00b", "x" * 5000, str(lab / "new.json"), str(lab / "new.svg")])
+                            "../escaped", "a\x00b", "x" * 5000, str(lab / "new.json"), str(lab / "new.svg"),
+                            str(lab / "full" / "x.json"), str(lab / "full" / "x.csv"), str(lab / "notes.txt" / "x.json")])
 
 
 VALUES = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e999", "9" * 400, "abc", "", "0.5", "2", "1KiB", "-5MiB",
                                     "gloo", "fast", "nccl", "eager", "graph", "isolated", "bogus", "csv", "table", "xml",
+                                    "nccl-tuner", "float32", "bfloat16", "int32",
                                     "eager,graph", "gloo,,", "host", "host:0", "host:99999", "h:1", "../x", "\x00"]),
                    st.text(max_size=6))
 
@@ -94,12 +110,19 @@ def _invoke(lab: Path, args: list[str], outputs: set[Path]) -> None:
 
 def _outputs(lab: Path, args: list[str], defaults: tuple[Path, ...]) -> set[Path]:
     """Files this invocation may legitimately write: the --out it names, and the command's defaults."""
-    named = {Path(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--out"}
+    named = {Path(args[i + 1]) for i, a in enumerate(args[:-1]) if a in ("--out", "--tuner-out")}
     return {p.resolve() if p.is_absolute() else p for p in named} | set(defaults)
 
 
+#: Values each option takes when used as meant: a command whose every value is plausible gets past the early
+#: checks, so what it refuses late (a tuner mode the file lacks, a disk that fills) is reached too.
+PLAUSIBLE = {"--margin": ["0.2", "0.05"], "--export": ["nccl-tuner", "csv", "table"], "--tuner-mode": ["eager", "graph"],
+             "--tuner-dtype": ["float32", "bfloat16"], "--eager-from": ["eager", "isolated"], "--graph-from": ["graph"],
+             "--baseline": ["gloo", "fast"], "--tolerance": ["0.05"], "--min-agreement": ["0.5"], "--view": ["eager"]}
+
 OPTIONS = {
-    "calibrate": ["--out", "--baseline", "--margin", "--eager-from", "--graph-from", "--prefer", "--export"],
+    "calibrate": ["--out", "--baseline", "--margin", "--eager-from", "--graph-from", "--prefer", "--export",
+                  "--tuner-out", "--tuner-mode", "--tuner-dtype"],
     "compare": ["--baseline", "--margin", "--tolerance", "--min-agreement"],
     "plot": ["--thresholds", "--out", "--view", "--mode"],
     "show": [],
@@ -109,17 +132,49 @@ OPTIONS = {
 @FUZZ
 @given(data=st.data(), command=st.sampled_from(sorted(OPTIONS)))
 def test_commands_on_runs_and_files(lab, monkeypatch, data, command):
-    monkeypatch.setenv("ARXTUNE_THRESHOLDS", str(lab / "installed.json"))
+    """calibrate's option space includes --export nccl-tuner and its options, and install targets that fail
+    (a folder, a FIFO, a file of another kind, a path through a file, a full disk): a refused command leaves
+    every earlier file byte for byte (_check)."""
+    install = data.draw(st.sampled_from([lab / "installed.json", lab / "installed.json", lab / "dir", lab / "fifo", lab / "notes.txt",
+                                         lab / "notes.txt" / "t.json", lab / "full" / "thresholds.json"]))
+    monkeypatch.setenv("ARXTUNE_THRESHOLDS", str(install))
     paths = _paths(lab)
     runs = st.one_of(st.just(str(lab / "a")), st.just(str(lab / "b")), paths)  # two in three reach the command itself
     positional = [data.draw(runs)] + ([data.draw(runs)] if command == "compare" else [])
     args = [command, *positional]
     for option in data.draw(st.lists(st.sampled_from(OPTIONS[command]), max_size=3, unique=True)) if OPTIONS[command] else []:
-        args += [option, data.draw(st.one_of(paths, VALUES))]
+        plausible = st.sampled_from(PLAUSIBLE.get(option, ["x"]))
+        args += [option, data.draw(st.one_of(plausible, plausible, plausible, paths, VALUES))]
     if command == "calibrate" and data.draw(st.booleans()):
         args.append("--install")
+    if command == "calibrate" and "--export" not in args and data.draw(st.booleans()):
+        args += ["--export", "nccl-tuner"]  # so the tuner's options meet the export they belong to
     defaults = (lab / "a" / "thresholds.json", lab / "b" / "thresholds.json", lab / "a" / "plot.png", lab / "b" / "plot.png",
-                lab / "installed.json")
+                lab / "installed.json", lab / "a" / "nccl-tuner.csv", lab / "b" / "nccl-tuner.csv")
+    _invoke(lab, args, _outputs(lab, args, defaults))
+
+
+CALIBRATE_TARGETS = ("installed.json", "dir", "fifo", "notes.txt", "notes.txt/t.json", "full/thresholds.json")
+
+
+@FUZZ
+@given(data=st.data())
+def test_calibrate_option_space(lab, monkeypatch, data):
+    """calibrate alone, its options mostly as meant, --export nccl-tuner and --install often, install targets that
+    are refused up front (a folder, a FIFO, another kind of file, a path through a file) or fail at the write (a
+    full disk): it writes every output or none, and a refused command leaves every earlier file byte for byte."""
+    monkeypatch.setenv("ARXTUNE_THRESHOLDS", str(lab / data.draw(st.sampled_from(CALIBRATE_TARGETS))))
+    args = ["calibrate", data.draw(st.sampled_from([str(lab / "a"), str(lab / "b")]))]
+    if data.draw(st.booleans()):
+        args += ["--export", "nccl-tuner"]
+    if data.draw(st.booleans()):
+        args.append("--install")
+    options = [o for o in OPTIONS["calibrate"] if o != "--export" or "--export" not in args]
+    for option in data.draw(st.lists(st.sampled_from(options), max_size=3, unique=True)):
+        plausible = st.sampled_from(PLAUSIBLE.get(option, [str(lab / "full" / "x.csv"), str(lab / "new.json")]))
+        args += [option, data.draw(st.one_of(plausible, plausible, plausible, _paths(lab), VALUES))]
+    defaults = (lab / "a" / "thresholds.json", lab / "b" / "thresholds.json", lab / "installed.json",
+                lab / "a" / "nccl-tuner.csv", lab / "b" / "nccl-tuner.csv")
     _invoke(lab, args, _outputs(lab, args, defaults))
 
 

@@ -134,10 +134,14 @@ def test_thresholds_from_dict_is_a_file_or_one_format_error(data):
     result.to_csv()
 
 
+#: What an editor may put before a file's text: nothing, a UTF-8 byte-order mark, blanks.
+HEADS = st.sampled_from([b"", b"", b"\xef\xbb\xbf", b" \n"])
+
+
 @FUZZ
-@given(data=mutated(_valid_thresholds()), cut=st.integers(min_value=0, max_value=400), junk=st.binary(max_size=8))
-def test_thresholds_files_load_or_fail_in_one_line(tmp_path, data, cut, junk):
-    text = _dumps(realize(data)).encode()
+@given(data=mutated(_valid_thresholds()), cut=st.integers(min_value=0, max_value=400), junk=st.binary(max_size=8), head=HEADS)
+def test_thresholds_files_load_or_fail_in_one_line(tmp_path, data, cut, junk, head):
+    text = head + _dumps(realize(data)).encode()
     path = tmp_path / "t.json"
     path.write_bytes(text if cut == 0 else text[:cut] + junk)
     try:
@@ -201,16 +205,18 @@ def test_sweep_config_is_a_config_or_one_error(data):
 
 
 TOML_VALUES = st.sampled_from(["1e999", "nan", "-inf", "0", "-1", "1", "9" * 5000, '"abc"', '"1MiB"', '"9999999999999999999999TiB"',
+                               '"' + "9" * 5000 + '"', '"99999999999GiB"',
                                "[]", '["gloo"]', "[1, 2]", "{}", "{arx = 3}", "{arx = {max_bytes = \"lots\"}}", "true",
                                "[" * 2000 + "]" * 2000, '"\\u0000"'])
 
 
 @FUZZ
-@given(pairs=st.lists(st.tuples(st.sampled_from(CONFIG_KEYS), TOML_VALUES), max_size=3), raw=st.binary(max_size=20))
-def test_sweep_config_files_load_or_fail_in_one_line(tmp_path, pairs, raw):
+@given(pairs=st.lists(st.tuples(st.sampled_from(CONFIG_KEYS), TOML_VALUES), max_size=3), raw=st.binary(max_size=20), head=HEADS,
+       table=st.booleans())
+def test_sweep_config_files_load_or_fail_in_one_line(tmp_path, pairs, raw, head, table):
     path = tmp_path / "c.toml"
-    body = "[sweep]\n" + "".join(f"{k} = {v}\n" for k, v in dict(pairs).items())
-    path.write_bytes(body.encode() + raw)
+    body = ("[sweep]\n" if table else "") + "".join(f"{k} = {v}\n" for k, v in dict(pairs).items())
+    path.write_bytes(head + body.encode() + raw)
     try:
         _timed(lambda: load_config(path))
     except ArxtuneError:

@@ -172,3 +172,32 @@ def test_the_ladder_adds_rounds_only_where_the_two_sides_are_close(challenger_s,
     want = ladder.ROUNDS + (ladder.MAX_EXTRA_ROUNDS if extra else 0)
     assert [len(got[n].rounds) for n in ("x", "y")] == [want, want]
     assert winner("x", ["y"], got, 0.05) == ("x" if extra else "y")
+
+
+def test_a_candidate_that_would_import_a_framework_is_left_out_unless_named(monkeypatch):
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    from arxtune.runtime.ladder import within_reach
+
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    real = importlib.util.find_spec
+    installed = importlib.machinery.ModuleSpec("vllm", None, origin="/site-packages/vllm/__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: installed if name == "vllm" else real(name, *a))
+    assert within_reach(("vllm_cpu", "mine"), set()) == (("mine",), {"vllm_cpu": "vllm"})
+    assert within_reach(("vllm_cpu", "mine"), {"vllm_cpu"}) == (("vllm_cpu", "mine"), {})  # the file or a variable names it
+    monkeypatch.setitem(sys.modules, "vllm", object())
+    assert within_reach(("vllm_cpu",), set()) == (("vllm_cpu",), {})  # already imported: no cost
+    monkeypatch.delitem(sys.modules, "vllm")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert within_reach(("vllm_cpu",), set()) == (("vllm_cpu",), {})  # not installed: it fails to open at once, and says so
+
+
+def test_a_failed_side_makes_a_boundary_out_and_the_backend_failed():
+    from arxtune.runtime.ladder import Boundary, Measured, judge
+
+    b = Boundary("eager", "all_reduce", "float32", 64 * 1024, "wrongly", "gloo", 0, None)
+    good = Measured("gloo", "ok", [[1.0], [1.0]])
+    points = {32 * 1024: {"wrongly": Measured("wrongly", "wrong", [], "rank 1: wrong result: 1 of 8 elements wrong"), "gloo": good}}
+    assert judge(b, [32 * 1024], points, 0.05).verdict == "out"

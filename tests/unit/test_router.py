@@ -88,3 +88,60 @@ def test_constructing_the_communicator_imports_no_harness():
     result = subprocess.run([sys.executable, "-c", code, "missing.json"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_an_excluded_backend_serves_nothing_of_that_op_and_dtype_in_any_mode():
+    arx, graphy = Stub("arx", capturable=True), Stub("graphy", capturable=True)
+    tables, _ = mode_tables(_file(), 2, parse_overrides("all_reduce@graph:0-1KiB=arx"))
+    opened = {"arx": arx, "graphy": graphy}
+    excluded = {("arx", "all_reduce", "float32"): "wrong at 2KiB"}
+    capturing = [False]
+    router = Router(resolve(tables, opened, lambda name: name == "gloo", excluded), "gloo", lambda: capturing[0],
+                    lambda now: resolve(tables, opened, lambda name: name == "gloo", now), excluded)
+    f32 = torch.float32
+    assert router.pick("all_reduce", f32, 512) is None  # the file's range and the override's alike go to the baseline
+    capturing[0] = True
+    assert router.pick("all_reduce", f32, 512) is None
+    assert router.pick("all_gather", f32, 512) is graphy
+    assert router.exclude("graphy", "all_gather", "float32", "wrong while serving") is True
+    assert router.exclude("graphy", "all_gather", "float32", "again") is False
+    assert router.pick("all_gather", f32, 512) is None
+    assert router.excluded == {("arx", "all_reduce", "float32"): "wrong at 2KiB", ("graphy", "all_gather", "float32"): "wrong while serving"}
+    router.close()
+    capturing[0] = False
+    assert router.pick("all_gather", f32, 512) is None
+
+
+def test_agreed_variables_that_differ_are_named():
+    from arxtune.runtime import env
+
+    same = env.agreed_values({"ARXTUNE_OVERRIDES": "all_reduce:0-=gloo"})
+    assert env.differences([same, same]) == ""
+    other = env.agreed_values({"ARXTUNE_OVERRIDES": "", "ARXTUNE_BOOT": "off"})
+    assert env.differences([same, other]) == (
+        "ARXTUNE_OVERRIDES differs between ranks (rank 0: 'all_reduce:0-=gloo', rank 1: ''); "
+        "ARXTUNE_BOOT differs between ranks (rank 0: '', rank 1: 'off'); set the same value on every rank")
+    assert {name for name, _ in same} == {"ARXTUNE_OVERRIDES", "ARXTUNE_FINGERPRINT", "ARXTUNE_EXTRA_BACKENDS", "ARXTUNE_BOOT",
+                                          "ARXTUNE_BOOT_BUDGET_S", "ARXTUNE_VERIFY"}
+
+
+def test_a_result_differs_from_the_baselines_beyond_rounding_only():
+    from arxtune.runtime.ops import differs
+
+    want = torch.tensor([1.0, 2.0, 3.0e6, -4.0], dtype=torch.bfloat16)
+    assert differs(want.clone(), want, "all_reduce", 2) is None
+    assert differs(want + torch.tensor([0, 0, 2.0e4, 0], dtype=torch.bfloat16), want, "all_reduce", 2) is None  # within 2 x eps x 3e6
+    assert differs(want + torch.tensor([0, 0, 0, 1.0e5], dtype=torch.bfloat16), want, "all_reduce", 2).startswith(
+        "1 of 4 elements differ by more than ")
+    gathered = torch.tensor([1.0, 2.0], dtype=torch.float32)
+    assert "1 of 2 elements wrong" in differs(gathered + torch.tensor([0, 1e-6]), gathered, "all_gather", 2)  # gathers are exact
+    assert differs(torch.tensor([3], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), "all_reduce", 2) is not None
+
+
+def test_verify_reads_a_call_count(monkeypatch, caplog):
+    from arxtune.runtime.dispatch import verify_every
+
+    for value, every in (("", 0), ("0", 0), ("1", 1), (" 100 ", 100), ("abc", 0), ("-2", 0), ("9" * 400, 0)):
+        monkeypatch.setenv("ARXTUNE_VERIFY", value)
+        assert verify_every() == every, value
+    assert sum("is not a whole number of calls" in r.getMessage() for r in caplog.records) == 3

@@ -104,6 +104,15 @@ def tp_run(tmp_path_factory):
     return run_tp(tmp, spec, env)
 
 
+def test_every_rank_exits_cleanly(tp_run):
+    """After vLLM's own teardown (destroy_model_parallel, destroy_distributed_environment: what a worker does at
+    engine shutdown), each rank's interpreter ends with code 0: no thread of a process group the plugin held
+    is left to abort it ("terminate called without an active exception")."""
+    for rank in tp_run:
+        assert rank["returncode"] == 0, rank["output"][-2000:]
+        assert "terminate called" not in rank["output"] and "core dumped" not in rank["output"], rank["output"][-2000:]
+
+
 def test_the_plugin_is_the_tp_communicator(tp_run):
     for rank in tp_run:
         assert rank["communicator"] == "ArxtuneCpuCommunicator"

@@ -69,6 +69,7 @@ def run_tp(tmp_path: Path, spec: dict, env: dict[str, str], world: int = 2, time
         result = json.loads(out.read_text())
         assert not result["error"], f"rank {rank} failed:\n{result['error']}\n{text[-4000:]}"
         result["output"] = text
+        result["returncode"] = procs[rank][0].returncode
         results.append(result)
     return results
 

@@ -31,7 +31,7 @@ from arxtune.harness.e2e.engine import run_engine
 from arxtune.harness.e2e.plot import plot_e2e
 from arxtune.harness.e2e.result import load_result, ratio, report_lines, summarize_arms, write_result
 from arxtune.runtime.errors import ArxtuneError
-from arxtune.runtime.fileio import check_name, check_run_folder
+from arxtune.runtime.fileio import Staged, check_name, check_run_folder
 
 __all__ = ["BASELINE_ARM", "E2E_VERSION", "KIND", "THRESHOLDS_ARM", "TINY_MODEL", "VLLM_BASELINE", "Arm", "E2EConfig",
            "engine_spec", "forced_thresholds", "load_result", "make_arms", "plot_e2e", "prompt_token_ids", "ratio",
@@ -69,6 +69,7 @@ def run_e2e(cfg: E2EConfig, run_id: str | None = None, say=print) -> Path:
             else:
                 engines.append({"arm": arm.name})
     if cfg.node_rank == 0:
-        result = write_result(run_dir, cfg, arms, engines, started, time.strftime("%Y%m%d-%H%M%S"))
-        plot_e2e(result, run_dir / "e2e.png")
+        with Staged() as staged:  # the finished result and its plot appear together
+            result = write_result(run_dir, cfg, arms, engines, started, time.strftime("%Y%m%d-%H%M%S"), into=staged)
+            plot_e2e(result, run_dir / "e2e.png", into=staged)
     return run_dir

@@ -53,6 +53,11 @@ def cpu_defaults(tp_per_node: int) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+def shutdown_defaults(spec: dict) -> None:
+    """The engine's executor waits this long for its workers to leave before it signals them (vLLM's default: 5 s)."""
+    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(int(spec.get("shutdown_timeout_s", 5))))
+
+
 def engine_args(spec: dict) -> dict:
     args = dict(model=spec["model"], tensor_parallel_size=spec["tensor_parallel_size"], dtype=spec["dtype"],
                 max_model_len=spec["max_model_len"], enforce_eager=True, skip_tokenizer_init=True, seed=0,
@@ -112,12 +117,17 @@ def generate(spec: dict) -> dict:
                         "last_token_ts": o.metrics.last_token_ts, "generated": o.metrics.num_generation_tokens}
                        for o in outputs])
     workers = llm.collective_rpc("arxtune_call_counts", timeout=spec["rpc_timeout_s"])
-    return {"startup_s": startup_s, "rounds": rounds, "workers": workers}
+    # Shut down now, giving the workers time to end on their own (60 s): vLLM's default (5 s, then SIGKILL)
+    # cuts a worker short on a loaded machine, and a worker killed never shows whether it would have exited cleanly.
+    started = time.monotonic()
+    llm.llm_engine.engine_core.shutdown(timeout=spec["shutdown_timeout_s"])
+    return {"startup_s": startup_s, "rounds": rounds, "workers": workers, "shutdown_s": time.monotonic() - started}
 
 
 def main(spec_path: str, out_path: str) -> int:
     spec = json.loads(open(spec_path).read())
     cpu_defaults(spec["tensor_parallel_size"] // spec["nnodes"])
+    shutdown_defaults(spec)
     try:
         result = serve_headless(spec) if spec["node_rank"] > 0 else generate(spec)
         result["error"] = ""

@@ -134,4 +134,4 @@ def engine_spec(cfg: E2EConfig) -> dict:
             "tensor_parallel_size": cfg.tensor_parallel_size, "dtype": cfg.dtype, "max_model_len": cfg.max_model_len,
             "nnodes": cfg.nnodes, "node_rank": cfg.node_rank, "master_addr": cfg.master_addr,
             "master_port": cfg.master_port, "decode_tokens": cfg.decode_tokens, "rounds": cfg.rounds,
-            "rpc_timeout_s": 600, "prompts": prompt_token_ids(cfg, _vocab_size(cfg.model))}
+            "rpc_timeout_s": 600, "shutdown_timeout_s": 60, "prompts": prompt_token_ids(cfg, _vocab_size(cfg.model))}

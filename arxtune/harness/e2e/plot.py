@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from arxtune.runtime.fileio import write_bytes_atomic
+from arxtune.runtime.fileio import Staged, write_bytes_atomic
 
-def plot_e2e(result: dict, out: Path) -> Path:
+def plot_e2e(result: dict, out: Path, into: Staged | None = None) -> Path:
     """Decode time per token and prefill time per arm: every sample, the median and its interval."""
     import matplotlib
 
@@ -37,4 +37,4 @@ def plot_e2e(result: dict, out: Path) -> Path:
     image = io.BytesIO()
     fig.savefig(image, dpi=110, format="png")
     plt.close(fig)
-    return write_bytes_atomic(out, image.getvalue(), "e2e plot")
+    return (into.write_bytes if into is not None else write_bytes_atomic)(out, image.getvalue(), "e2e plot")

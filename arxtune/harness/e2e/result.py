@@ -13,7 +13,7 @@ from arxtune.harness.e2e.config import BASELINE_ARM, E2E_VERSION, KIND, Arm, E2E
 from arxtune.harness.stats import summarize
 from arxtune.runtime import schema
 from arxtune.runtime.errors import ArxtuneError, FormatError
-from arxtune.runtime.fileio import read_text, write_text_atomic
+from arxtune.runtime.fileio import Staged, read_text, write_text_atomic
 
 def _round_samples(rounds: list[list[dict]]) -> tuple[list[float], list[float]]:
     """(decode us per token, prefill us) per round: the median request's, the batch's."""
@@ -75,14 +75,16 @@ def _provenance() -> dict:
             "command": " ".join(["arxtune", *sys.argv[1:]])}
 
 
-def write_result(run_dir: Path, cfg: E2EConfig, arms: list[Arm], engines: list[dict], started: str, finished: str | None) -> dict:
+def write_result(run_dir: Path, cfg: E2EConfig, arms: list[Arm], engines: list[dict], started: str, finished: str | None,
+                 into: Staged | None = None) -> dict:
+    """e2e.json as it stands (after each engine, and once finished); `into`: staged with the command's other outputs."""
     summary = summarize_arms([a.name for a in arms], engines)
     ratios = {arm: ratio(s, summary[BASELINE_ARM]) for arm, s in summary.items() if arm != BASELINE_ARM and BASELINE_ARM in summary}
     result = {"kind": KIND, "version": E2E_VERSION, "config": asdict(cfg), "provenance": _provenance(),
               "started": started, "finished": finished, "arms": [asdict(a) for a in arms],
               "order": [e["arm"] for e in engines], "summary": summary, "ratio_vs_vllm": ratios,
               "engines": [{"arm": e["arm"], "startup_s": e["startup_s"], "workers": e["workers"]} for e in engines]}
-    write_text_atomic(run_dir / "e2e.json", json.dumps(result, indent=2) + "\n", "e2e result")
+    (into.write_text if into is not None else write_text_atomic)(run_dir / "e2e.json", json.dumps(result, indent=2) + "\n", "e2e result")
     return result
 
 

@@ -37,6 +37,10 @@ REGISTRY: dict[str, str] = {
 }
 
 
+#: backend name -> the framework opening it imports (seconds of start-up where the process has not imported it).
+FRAMEWORKS: dict[str, str] = {"vllm_cpu": "vllm", "vllm_pynccl": "vllm", "vllm_custom_ar": "vllm", "vllm_symm_mem": "vllm"}
+
+
 ENV_EXTRA = env.EXTRA_BACKENDS.name
 
 

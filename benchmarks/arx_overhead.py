@@ -28,7 +28,8 @@ from arxtune.runtime.rdma.protocol import seq_of
 def raw_round_us(t, nbytes: int, iters: int) -> float:
     """Median us of: post write+flag to the peer, wait for the peer's flag, reap completions lazily (as arx does)."""
     peer = t.peers[0]
-    L, nic, qp = t.layout, t.nics[0], t.nics[0].qps[peer]
+    L, nic = t.layout, t.nics[t.lanes[peer][0]]  # the peer's first link, where stripe 0 goes
+    qp = nic.qps[peer]
     wrs = [t._make_wrs(peer, 0, s, L.staging(s), L.inbox(s, t.rank), nbytes) for s in range(L.slots)]
     times, completed = [], 0
     for k in range(iters):

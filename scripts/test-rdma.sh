@@ -4,6 +4,8 @@
 #   2. ONE guest boot: pytest tests/rdma (pure tests, transport, 2- and 3-rank
 #      torchrun checks, arxtune sweep with arx/arx2, ib_write_lat floor, doctor)
 #   3. ONE two-guest boot: torchrun --nnodes 2 across two kernels (mp_check.py --arxg)
+#   4. ONE three-guest boot: three ranks on a ring and on a switch (world3_check.py:
+#      reachability, an arx sweep and the communicator per topology; `arxtune show` prints the ring's run)
 # Fails if anything fails or any RDMA test is skipped (ARXTUNE_REQUIRE_RDMA=1).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -40,6 +42,20 @@ bash "$LAB" run2 -- bash -c '
     export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" "index(\$4, ip \"/\") == 1 {print \$2; exit}")
     exec "$0" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank "$NODE_RANK" \
         --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" tests/rdma/mp_check.py --arxg' "$PY" || rc=1
+
+world3() {
+    local out=.cache/rdma-world3 t0=$SECONDS
+    echo "test-rdma: three guests: world 3 on a ring (rxe0, rxe1) and a switch (rxe2, rxe3)"
+    rm -rf "$out"
+    bash "$LAB" run3 --mem 3072 --timeout 1200 -- bash -c '
+        export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" "index(\$4, ip \"/\") == 1 {print \$2; exit}")
+        # one rank per guest, with the variables torchrun sets: its agent would import torch again (a minute per guest)
+        RANK=$NODE_RANK WORLD_SIZE=3 LOCAL_RANK=0 exec "$0" tests/rdma/world3_check.py --out "$1" \
+            --unreachable rxe0 --topology ring=rxe0,rxe1 --topology switch=rxe2,rxe3' "$PY" "$out" || return 1
+    "$PY" -m arxtune show "$out/world3-ring" || return 1
+    echo "test-rdma: three guests took $((SECONDS - t0)) s"
+}
+world3 || rc=1
 
 if ((rc == 0)); then echo "test-rdma: PASS"; else echo "test-rdma: FAIL" >&2; fi
 exit $rc

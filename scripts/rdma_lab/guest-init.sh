@@ -73,6 +73,10 @@ add_rxe() { # rxe_name netdev cidr
 }
 
 log "rdma modules loaded"
+if [[ "${LAB_ARP_STRICT:-}" == 1 ]]; then # several NICs in one subnet: each answers ARP for its own address only
+    sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 \
+        net.ipv4.conf.default.arp_ignore=1 net.ipv4.conf.default.arp_announce=2 || fail "cannot set arp_ignore/arp_announce"
+fi
 if [[ "$LAB_MODE" == node ]]; then
     # LAB_NICS: "mac,cidr,rxe_name ..." — found by MAC, not by probe order.
     modprobe virtio_net || fail "modprobe virtio_net failed"

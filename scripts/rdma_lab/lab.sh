@@ -30,6 +30,9 @@ usage: scripts/rdma_lab/lab.sh COMMAND
   run  [OPTS] -- CMD...          boot one guest (rxe0 on dummy0 10.77.0.1, rxe1 on dummy1 10.77.0.2), run CMD in \$PWD
   run2 [OPTS] -- CMD...          boot two guests linked by QEMU UDP sockets: rxe0 on eth0 (10.77.1.1 / .2),
                                  rxe1 on eth1 (10.77.2.1 / .2); NODE_RANK, NNODES, MASTER_ADDR, MASTER_PORT set
+  run3 [OPTS] -- CMD...          boot three guests, each with a ring (rxe0, rxe1: one UDP cable and subnet per pair of
+                                 guests) and a switch (rxe2, rxe3 on one multicast segment and subnet 10.77.40.0/24);
+                                 NODE_RANK, NNODES=3, MASTER_ADDR (switch), MASTER_PORT set
   selftest                       ibv_devices, rdma link, ibv_devinfo, ib_write_lat (1 and 2 guests), pyverbs
   ib-write-lat [--two-node]      print ib_write_lat_2B_us=<typical> measured in a guest
   pyverbs-link VENV              make VENV (CPython 3.11) import Debian's pyverbs via one symlink
@@ -487,6 +490,67 @@ cmd_run2() {
     exit "$rc1"
 }
 
+# Three guests, four NICs each (soft-RoCE on every one):
+#   ring:   rxe0 of guest g and rxe1 of guest g+1 share cable g (QEMU UDP sockets, point to point),
+#           subnet 10.77.(30+g).0/24, g at .1, g+1 at .2: each peer is reached through one device only.
+#   switch: rxe2 and rxe3 of every guest on one segment (QEMU socket netdev, multicast on 127.0.0.1),
+#           one subnet 10.77.40.0/24 (guest g: .(g+1) and .(g+11)); torchrun and gloo use rxe2's netdev.
+# Two NICs in one subnet must answer ARP only for their own address (arp_ignore=1, arp_announce=2),
+# else a peer may send rxe2's traffic to rxe3's MAC, where no queue pair knows it.
+cmd_run3() {
+    parse_run_opts "$@"
+    ensure_setup
+    [[ "$PWD" != / ]] || die "run from a project directory, not /: the cwd is shared read-write into the guests"
+    new_run_dir
+    local ports g prev link me peer args nics dirs=() qpids=() t0 group mport
+    read -r -a ports < <(free_udp_ports 7) || die "cannot find free UDP ports on 127.0.0.1"
+    ((${#ports[@]} == 7)) || die "cannot find free UDP ports on 127.0.0.1 (is python3 installed?)"
+    mport=${ports[6]} group=239.77.$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1))
+    t0=$(now)
+    for g in 0 1 2; do
+        prev=$(((g + 2) % 3))
+        nics="52:54:00:78:00:0$g,10.77.$((30 + g)).1/24,rxe0 52:54:00:78:01:0$g,10.77.$((30 + prev)).2/24,rxe1"
+        nics+=" 52:54:00:78:02:0$g,10.77.40.$((g + 1))/24,rxe2 52:54:00:78:03:0$g,10.77.40.$((g + 11))/24,rxe3"
+        prepare_node "$RUN/node$g" node "$g" "10.77.40.$((g + 1))" NODE_RANK=$g NNODES=3 MASTER_ADDR=10.77.40.1 \
+            MASTER_PORT=29577 ARXTUNE_LAB_NODE_IP=10.77.40.$((g + 1)) ARXTUNE_LAB_GUEST=1 \
+            "ARXTUNE_LAB_RDMA_DEVS=rxe0 rxe1 rxe2 rxe3"
+        printf 'LAB_NICS=%q\nLAB_ARP_STRICT=1\n' "$nics" >>"$RUN/node$g/env.sh"
+        dirs+=("$RUN/node$g")
+    done
+    # cable c: guest c's first NIC listens on ports[2c] and sends to ports[2c+1], guest c+1's second NIC the reverse
+    for g in 0 1 2; do
+        prev=$(((g + 2) % 3))
+        args=(-netdev "socket,id=a,udp=127.0.0.1:${ports[$((2 * g + 1))]},localaddr=127.0.0.1:${ports[$((2 * g))]}"
+            -device "virtio-net-pci,netdev=a,mac=52:54:00:78:00:0$g"
+            -netdev "socket,id=b,udp=127.0.0.1:${ports[$((2 * prev))]},localaddr=127.0.0.1:${ports[$((2 * prev + 1))]}"
+            -device "virtio-net-pci,netdev=b,mac=52:54:00:78:01:0$g")
+        for link in 2 3; do
+            args+=(-netdev "socket,id=s$link,mcast=$group:$mport,localaddr=127.0.0.1"
+                -device "virtio-net-pci,netdev=s$link,mac=52:54:00:78:0$link:0$g")
+        done
+        boot_node "${dirs[$g]}" "${SMP:-1}" "${args[@]}"
+        qpids+=("$QPID")
+    done
+    QEMU_PIDS=("${qpids[@]}")
+    for g in 0 1 2; do stream_node "${dirs[$g]}" "${qpids[$g]}" "[node$g]"; done
+    local qs=() rc first=0
+    for g in 0 1 2; do
+        qs[g]=0
+        wait "${qpids[$g]}" || qs[g]=$?
+    done
+    QEMU_PIDS=()
+    wait_streams
+    for g in 0 1 2; do
+        cp -f "${dirs[$g]}/console.log" "$CACHE/last-console-node$g.log" 2>/dev/null || true
+        timing_line "${dirs[$g]}" "node$g" "$(elapsed "$t0")"
+    done
+    for g in 0 1 2; do
+        rc=$(node_rc "${dirs[$g]}" "${qs[$g]}" "node$g")
+        ((first != 0)) || first=$rc
+    done
+    exit "$first"
+}
+
 # ------------------------------------------------------------- commands ----
 
 cmd_ib_write_lat() {
@@ -544,6 +608,7 @@ main() {
     setup) cmd_setup ;;
     run) cmd_run "$@" ;;
     run2) cmd_run2 "$@" ;;
+    run3) cmd_run3 "$@" ;;
     selftest) cmd_selftest ;;
     ib-write-lat) cmd_ib_write_lat "$@" ;;
     pyverbs-link) cmd_pyverbs_link "$@" ;;

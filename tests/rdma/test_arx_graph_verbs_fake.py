@@ -119,14 +119,19 @@ class FakeNic:
 
 
 def wiring(nic: FakeNic, rank: int, stripe_min_bytes: int) -> nv.Wiring:
+    """Device d is every peer's stripe d (twins on a switch), or, where the segments' layout has one flag per peer
+    and the NIC two devices, a ring: rank+1 reached through device 0 only, rank+2 through device 1 only."""
     world, ndev = len(nic.segments), nic.ndev
     peers = [p for p in range(world) if p != rank]
+    ring = nic.segments[rank].layout.ndev < ndev
+    lanes = {p: [(p - rank) % world - 1] if ring else list(range(ndev)) for p in peers}
     return nv.Wiring(
         nic.segments[rank].layout, rank, nic.segments[rank].data_address, stripe_min_bytes,
         {(d, p): nic.qp(rank, d, p) for d in range(ndev) for p in peers},
         [nic.cq(rank, d) for d in range(ndev)], [nic.lkey(rank, d) for d in range(ndev)],
         {(d, p): (nic.segments[p].data_address, nic.rkey(p, d)) for d in range(ndev) for p in peers},
-        [f"fake{d}" for d in range(ndev)], {nic.qp_num(nic.qp(rank, d, p)): (d, p) for d in range(ndev) for p in peers})
+        [f"fake{d}" for d in range(ndev)], {nic.qp_num(nic.qp(rank, d, p)): (d, p) for d in range(ndev) for p in peers},
+        lanes)
 
 
 class _Stop(Exception):
@@ -149,11 +154,12 @@ class PythonTransport:
         ctypes.c_int64.from_address(self.w.base + self.layout.flag_source(step)).value = seq_of(step)
 
     def put(self, step, peer, src_off, dst_off, nbytes, op):
-        L, slot = self.layout, self.layout.slot(step)
-        for dev, off, length in stripes(nbytes, len(self.w.cqs), self.w.stripe_min_bytes):
+        L, slot, lanes = self.layout, self.layout.slot(step), self.w.lanes[peer]
+        for k, off, length in stripes(nbytes, len(lanes), self.w.stripe_min_bytes):
+            dev = lanes[k]
             addr, rkey = self.w.remote[(dev, peer)]
             lkey = self.w.lkeys[dev]
-            flag = (self.w.base + L.flag_source(slot), addr + L.flag(slot, self.w.rank, dev), 8, lkey, rkey, 1)
+            flag = (self.w.base + L.flag_source(slot), addr + L.flag(slot, self.w.rank, k), 8, lkey, rkey, 1)
             payload = [(self.w.base + src_off + off, addr + dst_off + off, length, lkey, rkey, 0)] if length else []
             assert self.nic.post(self.w.qps[(dev, peer)], payload + [flag], step) == 0
             self.posted[(dev, peer)] = step
@@ -251,12 +257,13 @@ def _planner(nic, rank):
     return lambda key: proxy._plan_step(key, nic.segments[rank].layout, rank, world)
 
 
-@pytest.mark.parametrize("world, ndev", [(2, 1), (3, 1), (3, 2)])
-def test_the_native_step_posts_and_lands_what_the_python_step_does(lib, tmp_path, world, ndev):
+@pytest.mark.parametrize("world, ndev, width", [(2, 1, 1), (3, 1, 1), (3, 2, 2), (3, 2, 1)])
+def test_the_native_step_posts_and_lands_what_the_python_step_does(lib, tmp_path, world, ndev, width):
+    """width: links per peer (the layout's flags per peer); 2 devices and width 1 is a ring of three."""
     stripe_min = 2048  # 4 KiB and 8 KiB writes are striped over both devices when there are two
     results = {}
     for name in ("python", "native"):
-        segments = _segments(tmp_path, world, ndev, name)
+        segments = _segments(tmp_path, world, width, name)
         nic = FakeNic(segments, ndev)
         try:
             landed = {r: (_run_native(lib, nic, r, stripe_min) if name == "native" else _run_python(nic, r, stripe_min))
@@ -274,7 +281,7 @@ def test_the_native_step_posts_and_lands_what_the_python_step_does(lib, tmp_path
     # and what landed is right: each peer's inbox holds its piece of the staged step, each flag the step's number
     landed = results["native"][0]
     for rank in range(world):
-        L = Layout(world=world, slots=2, slot_bytes=16 << 10, ndev=ndev)
+        L = Layout(world=world, slots=2, slot_bytes=16 << 10, ndev=width)
         for k, (op, nbytes, data, snap) in enumerate(landed[rank]):
             if op == "handshake":
                 continue
@@ -282,9 +289,12 @@ def test_the_native_step_posts_and_lands_what_the_python_step_does(lib, tmp_path
                 piece = nbytes // world
                 want = data[p * piece:(p + 1) * piece] if op == "reduce_scatter" else data
                 assert raw[:len(want)] == want, (rank, k, p)
-                flags = [int.from_bytes(raw[L.slot_bytes + 8 * d:L.slot_bytes + 8 * d + 8], "little") for d in range(ndev)]
-                devs = {d for d, _, _ in stripes(len(want), ndev, stripe_min)}
+                flags = [int.from_bytes(raw[L.slot_bytes + 8 * d:L.slot_bytes + 8 * d + 8], "little") for d in range(width)]
+                devs = {d for d, _, _ in stripes(len(want), width, stripe_min)}
                 assert all(flags[d] == seq_of(k) for d in devs), (rank, k, p, flags)
+    if width < ndev:  # the ring: every write to a peer went over the one device that reaches it
+        used = {(rank, dev, peer) for (rank, dev, peer), *_ in results["native"][1]}
+        assert used == {(r, (p - r) % world - 1, p) for r in range(world) for p in range(world) if p != r}, used
 
 
 def _rel(addr, bases):

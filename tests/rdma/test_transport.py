@@ -4,13 +4,15 @@ to each other. The NIC delivers asynchronously, so one thread can play both rank
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
+from arxtune.runtime.rdma import reach
 from arxtune.runtime.rdma.config import RdmaConfig
 from arxtune.runtime.rdma.connection import Transport, open_transport
-from arxtune.runtime.rdma.device import read_devices, select_endpoints
+from arxtune.runtime.rdma.device import read_devices
 from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from arxtune.runtime.rdma.protocol import seq_of
 
@@ -18,9 +20,11 @@ pytestmark = pytest.mark.rdma
 
 
 def pair(**kw):
+    """Two ranks on this host: each device links to itself in the other rank (reach.routes)."""
     cfg = RdmaConfig(max_bytes=kw.pop("max_bytes", 64 << 10), timeout_s=kw.pop("timeout_s", 10.0), **kw)
-    eps = select_endpoints(cfg, read_devices())
-    ts = [Transport(cfg, eps, r, 2) for r in range(2)]
+    facts = reach.local_facts(cfg, 0)
+    group = [facts, replace(facts, rank=1)]
+    ts = [Transport(cfg, reach.routes(group, r), r, 2) for r in range(2)]
     infos = [t.local_info() for t in ts]
     for t in ts:
         t.connect(infos)

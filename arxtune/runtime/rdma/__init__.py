@@ -5,8 +5,9 @@
     coll.all_reduce_one_shot(inp, out)
 
 Modules: config (settings and their precedence), device (sysfs discovery, GID
-choice), protocol (buffer layout, slots, sequence numbers, plans), connection
-(QPs, memory registration, exchange, post/poll), algorithms (the collectives),
+choice, IPv4 addresses), reach (which device reaches which peer, the links),
+protocol (buffer layout, slots, sequence numbers, plans), connection (QPs,
+memory registration, exchange, post/poll), algorithms (the collectives),
 floor (ib_write_lat as the fabric's latency floor), errors.
 """
 

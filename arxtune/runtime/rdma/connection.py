@@ -1,10 +1,15 @@
-"""The RDMA transport: one RC queue pair per (peer, device), one registered buffer.
+"""The RDMA transport: one RC queue pair per link to a peer, one registered buffer.
 
-Set-up opens each device, registers the whole buffer (staging + inbox, see
-protocol.Layout) once, creates the QPs and swaps QP numbers, PSNs, GIDs, buffer
-addresses and rkeys with every rank through `exchange` (the gloo group under
-torchrun, so it works wherever torchrun does). The hot path only posts cached
-work requests and polls memory: nothing is registered or constructed per call.
+Set-up first swaps every rank's devices, their IPv4 subnets and port states
+(reach.RankFacts) and derives the links to each peer (reach.routes: a device
+serves a peer it shares a subnet with; no link to some peer is one error on
+every rank). It then opens the devices that serve a peer, registers the whole
+buffer (staging + inbox, see protocol.Layout) once on each, creates a QP per
+link and swaps QP numbers, PSNs, buffer addresses and rkeys with every rank
+through `exchange` (the gloo group under torchrun, so it works wherever
+torchrun does). A write to a peer stripes over that peer's links; stripe k
+raises flag word k. The hot path only posts cached work requests and polls
+memory: nothing is registered or constructed per call.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from typing import Any, Callable
 
 import torch
 
+from arxtune.runtime.rdma import reach
 from arxtune.runtime.rdma.config import RdmaConfig
-from arxtune.runtime.rdma.device import Endpoint
 from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from arxtune.runtime.rdma.protocol import Layout, seq_of, stripes
+from arxtune.runtime.rdma.reach import Link, RankFacts
 
 try:
     import pyverbs.enums as e
@@ -62,9 +68,10 @@ def gloo_exchange(group, world: int) -> Exchange:
 
 @dataclass
 class _Nic:
-    """Everything opened on one RDMA device."""
+    """Everything opened on one RDMA device; QPs only to the peers it has a link to."""
 
-    endpoint: Endpoint
+    name: str
+    port: int
     ctx: Any
     pd: Any
     cq: Any
@@ -74,26 +81,31 @@ class _Nic:
     psns: dict[int, int] = field(default_factory=dict)  # peer -> our send PSN
     peer_of_qpn: dict[int, int] = field(default_factory=dict)
 
-    @property
-    def name(self) -> str:
-        return self.endpoint.device
-
 
 class Transport:
     """Put bytes from our staging area into a peer's inbox, flag them, and wait for flags."""
 
-    def __init__(self, cfg: RdmaConfig, endpoints: list[Endpoint], rank: int, world: int,
-                 buf: torch.Tensor | None = None):
-        """Open devices and register memory: local work only; `connect` does the collective part.
+    def __init__(self, cfg: RdmaConfig, links: dict[int, tuple[Link, ...]], rank: int, world: int,
+                 buf: torch.Tensor | None = None, ndev: int | None = None):
+        """Open the devices that serve a peer and register memory: local work only; `connect` does the collective part.
 
-        `buf`: memory to register instead of a buffer of our own (a uint8 CPU tensor of
-        at least Layout.total_bytes), e.g. the shared segment the graph engine's proxy serves."""
+        `links`: peer -> its links in stripe order (reach.routes). `ndev`: flag words per peer in the
+        layout, the same on every rank (default: the most links of any peer here). `buf`: memory to
+        register instead of a buffer of our own (a uint8 CPU tensor of at least Layout.total_bytes),
+        e.g. the shared segment the graph engine's proxy serves."""
         if PYVERBS_IMPORT_ERROR is not None:
             raise RdmaUnavailable(f"arx: pyverbs is not importable ({PYVERBS_IMPORT_ERROR}); install python3-pyverbs")
         self.cfg, self.rank, self.world = cfg, rank, world
         self.timeout_s = cfg.timeout_s
-        self.layout = Layout(world=world, slots=cfg.slots, slot_bytes=cfg.max_bytes, ndev=len(endpoints))
         self.peers = [(rank + i) % world for i in range(1, world)]  # staggered so no rank is everyone's first
+        missing = [p for p in self.peers if not links.get(p)]
+        if missing:
+            raise RdmaUnavailable(f"arx: rank {rank} has no link to rank(s) {', '.join(map(str, missing))}")
+        self.links = {p: tuple(links[p]) for p in self.peers}
+        ndev = ndev or max((len(v) for v in self.links.values()), default=1)
+        if any(len(v) > ndev for v in self.links.values()):
+            raise RdmaUnavailable(f"arx: a peer has more links than the layout's {ndev} flag words")
+        self.layout = Layout(world=world, slots=cfg.slots, slot_bytes=cfg.max_bytes, ndev=ndev)
         # pinned only where a GPU will copy from it; registration pins the pages either way
         if buf is not None and (buf.dtype != torch.uint8 or buf.numel() < self.layout.total_bytes):
             raise RdmaUnavailable(f"arx: an external buffer must be uint8 of at least {self.layout.total_bytes} bytes")
@@ -104,31 +116,34 @@ class Transport:
         self.flags = self.buf[L.flags_base : L.total_bytes].view(torch.int64).numpy()
         self._flag_src = self.buf[L.slots * L.slot_bytes : L.slots * L.slot_bytes + L.slots * 8].view(torch.int64).numpy()
         self.nics: list[_Nic] = []
+        names = list(dict.fromkeys(link.local for p in self.peers for link in self.links[p]))
+        #: peer -> the nic (index into self.nics) of each stripe
+        self.lanes = {p: [names.index(link.local) for link in self.links[p]] for p in self.peers}
         self._wrs: dict[tuple, tuple] = {}
         self._posted: dict[tuple[int, int], int] = {}  # (nic, peer) -> last step posted
         self._done: dict[tuple[int, int], int] = {}  # (nic, peer) -> last step completed
         try:
-            for ep in endpoints:
-                self.nics.append(self._open(ep))
+            for i, name in enumerate(names):
+                self.nics.append(self._open(name, [p for p in self.peers if i in self.lanes[p]]))
         except BaseException:
             self.close()
             raise
 
     # ---- set-up -------------------------------------------------------------
-    def _open(self, ep: Endpoint) -> _Nic:
+    def _open(self, name: str, peers: list[int]) -> _Nic:
+        port = self.cfg.port
         try:
-            ctx = Context(name=ep.device)
+            ctx = Context(name=name)
         except PyverbsError as exc:
-            raise RdmaUnavailable(f"arx: cannot open RDMA device {ep.device}: {exc}") from exc
+            raise RdmaUnavailable(f"arx: cannot open RDMA device {name}: {exc}") from exc
         try:
-            mtu = ctx.query_port(ep.port).active_mtu
+            mtu = ctx.query_port(port).active_mtu
             pd = PD(ctx)
-            npeers = self.world - 1
-            cq = CQ(ctx, max(64, 4 * (self.cfg.slots + 2) * max(npeers, 1)), None, None, 0)
+            cq = CQ(ctx, max(64, 4 * (self.cfg.slots + 2) * max(len(peers), 1)), None, None, 0)
             access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
             mr = MR(pd, self.layout.total_bytes, access, address=self.base)
-            nic = _Nic(ep, ctx, pd, cq, mr, mtu)
-            for peer in self.peers:
+            nic = _Nic(name, port, ctx, pd, cq, mr, mtu)
+            for peer in peers:
                 cap = QPCap(max_send_wr=8 * (self.cfg.slots + 2), max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
                 qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, sq_sig_all=0))
                 nic.qps[peer] = qp
@@ -137,18 +152,18 @@ class Transport:
             return nic
         except PyverbsError as exc:
             ctx.close()
-            raise RdmaUnavailable(f"arx: setting up {ep.device} failed: {exc} (ulimit -l? see `arxtune doctor`)") from exc
+            raise RdmaUnavailable(f"arx: setting up {name} failed: {exc} (ulimit -l? see `arxtune doctor`)") from exc
 
     def local_info(self) -> dict:
-        """What peers need to reach us: per device GID, MTU, buffer address, rkey, QP numbers, PSNs."""
+        """What peers need to reach us: per device MTU, buffer address, rkey, QP numbers, PSNs (GIDs came with the facts)."""
         L = self.layout
         return {
             "layout": (L.world, L.slots, L.slot_bytes, L.ndev),
-            "nics": [
-                {"device": n.name, "gid": n.endpoint.gid.gid, "mtu": n.mtu, "addr": self.base, "rkey": n.mr.rkey,
-                 "qpn": {p: qp.qp_num for p, qp in n.qps.items()}, "psn": dict(n.psns)}
+            "nics": {
+                n.name: {"mtu": n.mtu, "addr": self.base, "rkey": n.mr.rkey,
+                         "qpn": {p: qp.qp_num for p, qp in n.qps.items()}, "psn": dict(n.psns)}
                 for n in self.nics
-            ],
+            },
         }
 
     def connect(self, infos: list[dict]) -> None:
@@ -160,24 +175,28 @@ class Transport:
                     f"arx: rank {peer} has buffer layout (world, slots, max_bytes, devices) = {info['layout']} "
                     f"but this rank has {mine['layout']}; use the same arx settings on every rank", peer=peer, op="connect")
         self.remote = infos
-        for i, nic in enumerate(self.nics):
-            for peer in self.peers:
-                r = infos[peer]["nics"][i]
-                attr = QPAttr(port_num=nic.endpoint.port, path_mtu=min(nic.mtu, r["mtu"]))
+        for peer in self.peers:
+            for nic_index, link in zip(self.lanes[peer], self.links[peer]):
+                nic = self.nics[nic_index]
+                r = infos[peer]["nics"].get(link.remote, {})
+                if self.rank not in r.get("qpn", {}):
+                    raise RdmaError(f"arx: rank {peer} opened no queue pair on {link.remote} for this rank's {link.local} "
+                                    f"({link.subnet}); every rank must derive the same links", device=nic.name, peer=peer, op="connect")
+                attr = QPAttr(port_num=nic.port, path_mtu=min(nic.mtu, r["mtu"]))
                 attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
                 attr.dest_qp_num = r["qpn"][self.rank]
                 attr.rq_psn = r["psn"][self.rank]
                 attr.sq_psn = nic.psns[peer]
                 attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
                 attr.min_rnr_timer, attr.timeout, attr.retry_cnt, attr.rnr_retry = 12, 14, 7, 7
-                gr = GlobalRoute(dgid=GID(r["gid"]), sgid_index=nic.endpoint.gid.index, hop_limit=64)
-                attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=nic.endpoint.port)
+                gr = GlobalRoute(dgid=GID(link.dgid), sgid_index=link.sgid_index, hop_limit=64)
+                attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=nic.port)
                 try:
                     nic.qps[peer].to_rts(attr)
                 except PyverbsError as exc:
-                    raise RdmaError(f"arx: cannot connect QP to {r['device']} GID {r['gid']}: {exc}",
+                    raise RdmaError(f"arx: cannot connect QP to {link.remote} GID {link.dgid} ({link.subnet}): {exc}",
                                     device=nic.name, peer=peer, op="connect") from exc
-                self._posted[(i, peer)] = self._done[(i, peer)] = -1
+                self._posted[(nic_index, peer)] = self._done[(nic_index, peer)] = -1
 
     # ---- hot path -----------------------------------------------------------
     def begin(self, step: int, op: str) -> None:
@@ -188,12 +207,14 @@ class Transport:
     def put(self, step: int, peer: int, src_off: int, dst_off: int, nbytes: int, op: str) -> None:
         """RDMA-write buf[src_off:+nbytes] to the peer's buf[dst_off:], then our flag for `step`."""
         slot = self.layout.slot(step)
-        for dev, off, length in stripes(nbytes, len(self.nics), self.cfg.stripe_min_bytes):
-            key = (peer, dev, slot, src_off + off, dst_off + off, length)
+        lanes = self.lanes[peer]
+        for k, off, length in stripes(nbytes, len(lanes), self.cfg.stripe_min_bytes):
+            key = (peer, k, slot, src_off + off, dst_off + off, length)
             wrs = self._wrs.get(key)
             if wrs is None:
                 wrs = self._wrs[key] = self._make_wrs(*key)
             wrs[-1].wr_id = step
+            dev = lanes[k]
             try:
                 self.nics[dev].qps[peer].post_send(wrs[0])
             except PyverbsError as exc:
@@ -201,14 +222,14 @@ class Transport:
                                 device=self.nics[dev].name, peer=peer, op=op) from exc
             self._posted[(dev, peer)] = step
 
-    def _make_wrs(self, peer: int, dev: int, slot: int, src_off: int, dst_off: int, length: int) -> tuple:
-        """payload WR -> flag WR, chained so one post_send sends both in order on one QP.
+    def _make_wrs(self, peer: int, k: int, slot: int, src_off: int, dst_off: int, length: int) -> tuple:
+        """payload WR -> flag WR of stripe k, chained so one post_send sends both in order on one QP.
         A SendWR copies its SGE at construction, hence one cached pair per key."""
-        nic, remote = self.nics[dev], self.remote[peer]["nics"][dev]
+        nic, remote = self.nics[self.lanes[peer][k]], self.remote[peer]["nics"][self.links[peer][k].remote]
         L, lkey = self.layout, nic.mr.lkey
         flag = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, send_flags=e.IBV_SEND_SIGNALED,
                       sg=[SGE(self.base + L.flag_source(slot), 8, lkey)])
-        flag.set_wr_rdma(remote["rkey"], remote["addr"] + L.flag(slot, self.rank, dev))
+        flag.set_wr_rdma(remote["rkey"], remote["addr"] + L.flag(slot, self.rank, k))
         if length == 0:
             return (flag,)
         payload = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, send_flags=0, sg=[SGE(self.base + src_off, length, lkey)])
@@ -219,8 +240,9 @@ class Transport:
     def wait(self, step: int, src: int, nbytes: int, op: str) -> None:
         """Block until `src`'s payload and flag for `step` have landed here, or raise."""
         seq, flags, L = seq_of(step), self.flags, self.layout
-        for dev, _, _ in stripes(nbytes, len(self.nics), self.cfg.stripe_min_bytes):
-            idx = L.flag_index(step, src, dev)
+        lanes = self.lanes[src]
+        for k, _, _ in stripes(nbytes, len(lanes), self.cfg.stripe_min_bytes):
+            idx = L.flag_index(step, src, k)
             if flags[idx] == seq:
                 continue
             deadline = time.monotonic() + self.timeout_s
@@ -234,9 +256,9 @@ class Transport:
                     if time.monotonic() > deadline:
                         raise RdmaTimeout(
                             f"arx: rank {src} sent nothing for step {step} within {self.timeout_s:g} s "
-                            f"(flag {int(flags[idx])}, want {seq}; QP state {self._qp_state(dev, src)}): "
+                            f"(flag {int(flags[idx])}, want {seq}; QP state {self._qp_state(lanes[k], src)}): "
                             f"the peer stopped, crashed or runs a different sequence of collectives",
-                            device=self.nics[dev].name, peer=src, op=op)
+                            device=self.nics[lanes[k]].name, peer=src, op=op)
 
     def poll(self, op: str) -> None:
         """Reap send completions; a bad one becomes an RdmaError naming device and peer."""
@@ -295,22 +317,44 @@ class Transport:
             self.nics = []
 
 
-def open_transport(cfg: RdmaConfig, rank: int, world: int, exchange: Exchange, devices=None,
-                   buf: torch.Tensor | None = None) -> Transport:
-    """Discover, open, exchange and connect, agreeing with every rank at each collective step.
+def share_facts(cfg: RdmaConfig, rank: int, exchange: Exchange, facts: RankFacts | None = None) -> list[RankFacts]:
+    """Every rank's devices, subnets and port states (reach.RankFacts), in rank order: one exchange.
 
-    A rank that cannot run still joins both exchanges (carrying its reason), so the
-    others raise the same RdmaUnavailable instead of waiting for it forever.
-    `devices` is the sysfs discovery result (read_devices()) when the caller already has it;
-    `buf` is memory to register instead of the transport's own buffer.
+    A rank that cannot read its own still joins the exchange with its reason, so every rank raises it."""
+    error = None
+    try:
+        facts = facts or reach.local_facts(cfg, rank)
+    except RdmaUnavailable as exc:
+        error = str(exc)
+    except Exception as exc:  # carried to every rank and raised there: a lone failure must not hang the rest
+        error = f"arx: reading the RDMA devices failed: {type(exc).__name__}: {exc}"
+    infos = exchange({"error": error} if error else {"facts": facts})
+    bad = [f"rank {r}: {i['error']}" for r, i in enumerate(infos) if i.get("error")]
+    if bad:
+        raise RdmaUnavailable(bad[0] if len(bad) == 1 else "; ".join(bad))
+    return [i["facts"] for i in infos]
+
+
+def open_transport(cfg: RdmaConfig, rank: int, world: int, exchange: Exchange, facts: RankFacts | None = None,
+                   buf: torch.Tensor | None = None, width: int | None = None) -> Transport:
+    """Share facts, derive links, open, exchange and connect, agreeing with every rank at each collective step.
+
+    A rank that cannot run still joins every exchange (carrying its reason), so the
+    others raise the same RdmaUnavailable instead of waiting for it forever; a pair of
+    ranks without a link is reach.Unreachable on every rank, before any queue pair exists.
+    `facts` is this rank's reach.local_facts() when the caller already has it; `buf` is
+    memory to register instead of the transport's own buffer; `width` stripes every peer
+    over exactly that many links (the graph engine's kernels wait for one count of flags).
     """
-    from arxtune.runtime.rdma.device import check_memlock, read_devices, select_endpoints
+    from arxtune.runtime.rdma.device import check_memlock
 
+    group = share_facts(cfg, rank, exchange, facts)
+    links = reach.routes(group, rank, width)
+    ndev = width or reach.widest(group)
     transport, error = None, None
     try:
-        endpoints = select_endpoints(cfg, read_devices() if devices is None else devices)
-        check_memlock(Layout(world, cfg.slots, cfg.max_bytes, len(endpoints)).total_bytes)
-        transport = Transport(cfg, endpoints, rank, world, buf)
+        check_memlock(Layout(world, cfg.slots, cfg.max_bytes, ndev).total_bytes)
+        transport = Transport(cfg, links, rank, world, buf, ndev)
     except RdmaUnavailable as exc:
         error = str(exc)
     except Exception as exc:  # carried to every rank and raised there: a lone failure must not hang the rest

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import resource
+import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +169,67 @@ def _endpoint(dev: DeviceInfo, cfg: RdmaConfig) -> Endpoint:
 def netdev_mtu(netdev: str, root: Path | str = NET_ROOT) -> int | None:
     value = _read(Path(root) / netdev / "mtu")
     return int(value) if value else None
+
+
+# rtnetlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h): fixed kernel ABI
+_RTM_NEWADDR, _RTM_GETADDR, _NLM_F_REQUEST, _NLM_F_DUMP, _NLMSG_ERROR, _NLMSG_DONE = 20, 22, 0x1, 0x300, 2, 3
+_IFA_ADDRESS, _IFA_LOCAL = 1, 2
+_NLMSG, _IFADDR, _RTATTR = struct.Struct("=IHHII"), struct.Struct("=BBBBI"), struct.Struct("=HH")
+
+
+def parse_address_dump(data: bytes) -> tuple[list[tuple[int, str, int]], bool]:
+    """([(interface index, IPv4 address, prefix length), ...], whether the dump ended) of RTM_NEWADDR messages."""
+    out, off, done = [], 0, False
+    while off + _NLMSG.size <= len(data):
+        length, kind, _, _, _ = _NLMSG.unpack_from(data, off)
+        if length < _NLMSG.size:
+            break
+        if kind == _NLMSG_DONE:
+            done = True
+        elif kind == _NLMSG_ERROR:
+            code = -struct.unpack_from("=i", data, off + _NLMSG.size)[0]
+            raise OSError(code, f"netlink: {os.strerror(code)}")
+        elif kind == _RTM_NEWADDR:
+            family, prefix, _, _, index = _IFADDR.unpack_from(data, off + _NLMSG.size)
+            found: dict[int, bytes] = {}
+            at = off + _NLMSG.size + _IFADDR.size
+            while at + _RTATTR.size <= off + length:
+                alen, atype = _RTATTR.unpack_from(data, at)
+                if alen < _RTATTR.size:
+                    break
+                found[atype] = data[at + _RTATTR.size : at + alen]
+                at += (alen + 3) & ~3
+            # IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer's on point-to-point links
+            raw = found.get(_IFA_LOCAL) or found.get(_IFA_ADDRESS)
+            if family == socket.AF_INET and raw and len(raw) == 4:
+                out.append((index, socket.inet_ntoa(raw), prefix))
+        off += (length + 3) & ~3
+    return out, done
+
+
+def ipv4_addresses(timeout_s: float = 2.0) -> dict[str, tuple[tuple[str, int], ...]]:
+    """Every netdev's IPv4 addresses with their prefix lengths, asked of the kernel over rtnetlink
+    (sysfs has no addresses; `ip` may be missing). Several addresses on one netdev are all listed."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.settimeout(timeout_s)
+        sock.bind((0, 0))
+        request = _NLMSG.pack(_NLMSG.size + _IFADDR.size, _RTM_GETADDR, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+        sock.send(request + _IFADDR.pack(socket.AF_INET, 0, 0, 0, 0))
+        found: list[tuple[int, str, int]] = []
+        done = False
+        while not done:
+            part, done = parse_address_dump(sock.recv(1 << 16))
+            found += part
+    names = dict(socket.if_nameindex())
+    out: dict[str, list[tuple[str, int]]] = {}
+    for index, ip, prefix in found:
+        out.setdefault(names.get(index, f"if{index}"), []).append((ip, prefix))
+    return {name: tuple(addrs) for name, addrs in out.items()}
+
+
+def boot_id() -> str:
+    """This kernel's boot id: two ranks with the same one share a host (and its loopback addresses)."""
+    return _read(Path("/proc/sys/kernel/random/boot_id")) or socket.gethostname()
 
 
 def memlock_limit() -> int | None:

@@ -83,6 +83,7 @@ class Wiring:
     remote: dict[tuple[int, int], tuple[int, int]]  # (dev, peer) -> (peer's buffer address, rkey)
     devices: list[str]  # dev -> device name, for error messages
     link_of_qpn: dict[int, tuple[int, int]]  # qp_num -> (dev, peer), for error messages
+    lanes: dict[int, list[int]]  # peer -> the dev of each stripe (the transport's links to it, in order)
 
 
 class Unavailable(Exception):
@@ -178,23 +179,29 @@ def wiring_of(transport, lib) -> Wiring:
         if len(found) != 1:
             raise Unavailable(f"the QPs of {nic.name} complete on {len(found)} CQs; the transport opens one")
         cqs.append(found.pop())
-    remote = {(dev, peer): (int(transport.remote[peer]["nics"][dev]["addr"]), int(transport.remote[peer]["nics"][dev]["rkey"]))
-              for dev in range(len(transport.nics)) for peer in transport.peers}
+    remote = {}
+    for peer in transport.peers:
+        for dev, link in zip(transport.lanes[peer], transport.links[peer]):
+            theirs = transport.remote[peer]["nics"][link.remote]
+            remote[(dev, peer)] = (int(theirs["addr"]), int(theirs["rkey"]))
     return Wiring(transport.layout, transport.rank, transport.base, transport.cfg.stripe_min_bytes, qps, cqs,
-                  [int(n.mr.lkey) for n in transport.nics], remote, [n.name for n in transport.nics], links)
+                  [int(n.mr.lkey) for n in transport.nics], remote, [n.name for n in transport.nics], links,
+                  {peer: list(transport.lanes[peer]) for peer in transport.peers})
 
 
 # ---- planning ---------------------------------------------------------------------------
 def plan_writes(w: Wiring, slot: int, puts) -> list[tuple[tuple[int, int], list[tuple[int, int, int, int, int, int]]]]:
     """The chained posts of one step, as the Python transport posts them: for each put (peer, src, dst, bytes) and
-    each of its stripes, the payload (unsignaled) then this rank's flag word (signaled), on that (device, peer) QP.
-    Each post is ((dev, peer), [(laddr, raddr, length, lkey, rkey, signaled), ...])."""
+    each of its stripes k, the payload (unsignaled) then this rank's flag word k (signaled), on the QP of the
+    peer's k-th link. Each post is ((dev, peer), [(laddr, raddr, length, lkey, rkey, signaled), ...])."""
     L, posts = w.layout, []
     for peer, src, dst, nbytes in puts:
-        for dev, off, length in stripes(nbytes, len(w.cqs), w.stripe_min_bytes):
+        lanes = w.lanes[peer]
+        for k, off, length in stripes(nbytes, len(lanes), w.stripe_min_bytes):
+            dev = lanes[k]
             addr, rkey = w.remote[(dev, peer)]
             lkey = w.lkeys[dev]
-            flag = (w.base + L.flag_source(slot), addr + L.flag(slot, w.rank, dev), FLAG_BYTES, lkey, rkey, 1)
+            flag = (w.base + L.flag_source(slot), addr + L.flag(slot, w.rank, k), FLAG_BYTES, lkey, rkey, 1)
             payload = [(w.base + src + off, addr + dst + off, length, lkey, rkey, 0)] if length else []
             posts.append(((dev, peer), payload + [flag]))
     return posts

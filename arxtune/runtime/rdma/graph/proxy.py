@@ -68,7 +68,8 @@ def _open_transport(args: ProxyArgs, seg: Segment, exchange):
     if args.transport == "verbs":
         from arxtune.runtime.rdma.connection import open_transport
 
-        return open_transport(args.rdma_config, args.rank, args.world, exchange, buf=seg.data_tensor())
+        # every peer striped over exactly the layout's ndev links: the kernels wait for that many flags from each
+        return open_transport(args.rdma_config, args.rank, args.world, exchange, buf=seg.data_tensor(), width=args.layout[3])
     raise RdmaUnavailable(f"arxg: unknown transport {args.transport!r}; use 'shm' or 'verbs'")
 
 

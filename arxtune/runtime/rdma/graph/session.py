@@ -17,7 +17,7 @@ import os
 import secrets
 import time
 import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from arxtune.runtime.rdma.config import RdmaConfig
 from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
@@ -133,12 +133,11 @@ def open_session(cfg: RdmaConfig, rank: int, world: int, exchange, transport: st
     if transport == "auto":
         transport = "shm" if len({i["host"] for i in infos}) == 1 else "verbs"
     ndev = 1
-    if transport == "verbs":
-        from arxtune.runtime.rdma.device import read_devices, select_endpoints
+    if transport == "verbs":  # the proxy's transport finds the same links; every peer is striped over as many
+        from arxtune.runtime.rdma.connection import share_facts
+        from arxtune.runtime.rdma.reach import narrowest
 
-        endpoints = select_endpoints(cfg, read_devices())
-        cfg = replace(cfg, devices=tuple(ep.device for ep in endpoints))
-        ndev = len(endpoints)
+        ndev = narrowest(share_facts(cfg, rank, exchange))
     layout = Layout(world=world, slots=2, slot_bytes=cfg.max_bytes, ndev=ndev)
     segment = Segment(segment_path(infos[0]["token"], rank), layout, create=True)
     try:

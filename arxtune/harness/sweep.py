@@ -363,8 +363,26 @@ def _capture_nccl_log() -> LogCapture | None:
     return capture
 
 
+def pair_settings_for(config: SweepConfig, host=None) -> dict[str, str]:
+    """With `nccl_pair_settings`, this rank's NCCL_IB_HCA, NCCL_IB_GID_INDEX and NCCL_SOCKET_IFNAME where unset
+    (derived as `arxtune doctor` derives them); set before NCCL starts in this process."""
+    if not config.nccl_pair_settings:
+        return {}
+    from arxtune.harness.doctor import Host, endpoints
+    from arxtune.harness.nccl_facts import pair_settings
+
+    usable = endpoints(host or Host())
+    named = config.backend_options.get("arx", {}).get("devices")
+    if named:
+        usable = sorted((e for e in usable if e.device in named), key=lambda e: list(named).index(e.device))
+    applied = {k: v for k, v in pair_settings(usable).values.items() if not os.environ.get(k)}
+    os.environ.update(applied)
+    return applied
+
+
 def run(config: SweepConfig, run_id: str | None = None, resume: str | None = None, progress: bool = True) -> Path:
     """Sweep under torchrun; returns the run directory (rank 0 writes it, all ranks return its path)."""
+    pair_settings_for(config)
     nccl_log = _capture_nccl_log()
     ctx = distributed.init(config.timeout_s, config.backend_options)
     tell_launcher(JOINED_LINE)  # the launcher's sign that the rendezvous is over

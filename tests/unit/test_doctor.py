@@ -234,3 +234,22 @@ def test_report_carries_the_rows_and_nothing_secret(tmp_path):
     with pytest.raises(Exception, match="--report"):
         report.write(tmp_path / "notes.txt", rows, host)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_the_gb10_sweep_config_sets_the_same_nccl_lines_where_unset(tmp_path, monkeypatch):
+    from arxtune.harness.config import load_config
+    from arxtune.harness.sweep import pair_settings_for
+
+    for name in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=eth9")  # the user's own stands
+    config = load_config("configs/sweep/gb10-2node.toml")
+    applied = pair_settings_for(config, spark(tmp_path))
+    assert applied == {"NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1", "NCCL_IB_GID_INDEX": "3"}
+    import os
+
+    assert os.environ["NCCL_IB_HCA"] == "=rocep1s0f1:1,roceP2p1s0f1:1" and os.environ["NCCL_SOCKET_IFNAME"] == "=eth9"
+    assert pair_settings_for(config.with_overrides(), spark(tmp_path / "b")) == {}  # already set now
+    from dataclasses import replace
+
+    assert pair_settings_for(replace(config, nccl_pair_settings=False), spark(tmp_path / "c")) == {}

@@ -364,9 +364,7 @@ def run_group(timeout_s: float = 60.0, host: Host | None = None, say=print) -> t
     host = host or Host()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = timedelta(seconds=timeout_s)
-    dist.init_process_group("gloo", timeout=timeout)
-    tell_launcher(JOINED_LINE)
-    stage = "the reports"
+    stage = "the rendezvous"
 
     def gather(obj):
         out = [None] * world
@@ -378,6 +376,9 @@ def run_group(timeout_s: float = 60.0, host: Host | None = None, say=print) -> t
 
     rows = reports = pings = None
     try:
+        dist.init_process_group("gloo", timeout=timeout)
+        tell_launcher(JOINED_LINE)
+        stage = "the reports"
         rows = run_checks(host)
         barrier()
         reports = gather(rank_report(host, rank, rows))

@@ -141,6 +141,9 @@ def test_nccl_before_2_29_3_on_arm_fails_and_an_old_copy_on_the_path_warns(tmp_p
     assert rows[0].status == FAIL and "2.28.9+cuda13.0" in rows[0].finding and "hang on ARM" in rows[0].finding
     assert "2.29.3" in rows[0].fix
     assert rows[1].item.strip() == "other libnccl" and "2.29.3+cuda13.0" in rows[1].finding
+    host.env["ARXTUNE_NCCL_LIBRARY"] = str(old)  # what the nccl backend binds: the same warning
+    bound = by_item(checks.check_nccl_library(host))["  ARXTUNE_NCCL_LIBRARY"]
+    assert bound.status == FAIL and "2.28.9" in bound.finding
     host.machine = "x86_64"
     assert checks.check_nccl_library(host)[0].status == OK
 

@@ -27,14 +27,18 @@ PYVERBS_FIX = (f"`arxtune pyverbs install` (the rdma extra: the registry's pyver
                f"{full_version()}; needs {SYSTEM_NEEDS})")
 #: The MTU below which a ConnectX-7 port gives a third or less of its bandwidth.
 GOOD_MTU = 4096
-#: NCCL settings the field has seen hurt, with why and what to do. Keyed by name; the test gets the value.
-HURTING: dict[str, tuple[Callable[[str], bool], str]] = {
-    "NCCL_IB_USE_INLINE": (lambda v: v.strip() == "1", "with NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS it froze PyNccl's first call on Sparks"),
-    "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS": (lambda v: v.strip() == "1", "with NCCL_IB_USE_INLINE it froze PyNccl's first call on Sparks"),
-    "NCCL_IB_DISABLE": (lambda v: v.strip() == "1", "NCCL falls back to sockets: the baseline is slow and flatters every other backend"),
-    "NCCL_NET": (lambda v: v.strip().lower() == "socket", "NCCL runs over sockets: the baseline is slow and flatters every other backend"),
-    "NCCL_ALGO": (lambda v: bool(v.strip()), "forces one algorithm at every size: the nccl baseline is no longer NCCL's own choice"),
-    "NCCL_PROTO": (lambda v: bool(v.strip()), "forces one protocol at every size: the nccl baseline is no longer NCCL's own choice"),
+#: NCCL settings the field has seen hurt: name -> (whether this value hurts, FAIL or WARN, why).
+HURTING: dict[str, tuple[Callable[[str], bool], str, str]] = {
+    "NCCL_IB_USE_INLINE": (lambda v: v.strip() == "1", FAIL,
+                           "with NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS it froze PyNccl's first call on Sparks"),
+    "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS": (lambda v: v.strip() == "1", FAIL,
+                                              "with NCCL_IB_USE_INLINE it froze PyNccl's first call on Sparks"),
+    "NCCL_IB_DISABLE": (lambda v: v.strip() == "1", FAIL,
+                        "NCCL falls back to sockets: the baseline is slow and flatters every other backend"),
+    "NCCL_NET": (lambda v: v.strip().lower() == "socket", FAIL,
+                 "NCCL runs over sockets: the baseline is slow and flatters every other backend"),
+    "NCCL_ALGO": (lambda v: bool(v.strip()), WARN, "forces one algorithm at every size: the nccl baseline is no longer NCCL's own choice"),
+    "NCCL_PROTO": (lambda v: bool(v.strip()), WARN, "forces one protocol at every size: the nccl baseline is no longer NCCL's own choice"),
 }
 
 
@@ -235,7 +239,17 @@ def check_nccl_library(host: Host) -> list[Row]:
                             "ARXTUNE_NCCL_LIBRARY and LD_PRELOAD at the OS package's libnccl", data))
         else:
             rows.append(Row("nccl library", OK, f"torch loads {lib.describe()}", data=data))
+    bound = host.env.get("ARXTUNE_NCCL_LIBRARY", "").strip()
+    if bound:
+        lib = nccl_facts.library_info(bound)
+        hang = nccl_facts.arm_hang_warning(lib, host.machine)
+        rows.append(Row("  ARXTUNE_NCCL_LIBRARY", FAIL if hang or lib.version is None else OK,
+                        f"the nccl backend binds {lib.describe()}" + (f"; {hang}" if hang else ""),
+                        "point it at NCCL 2.29.3 or later" if hang else ("not an NCCL library: fix or unset it" if lib.version is None else ""),
+                        {"path": lib.path, "version": lib.version, "build_id": lib.build_id}))
     for path in others:
+        if bound and path == Path(bound).resolve():
+            continue
         lib = nccl_facts.library_info(path)
         hang = nccl_facts.arm_hang_warning(lib, host.machine)
         rows.append(Row("  other libnccl", WARN if hang else INFO, f"{lib.describe()} on the library path"
@@ -265,11 +279,9 @@ def check_nccl_env(host: Host) -> list[Row]:
     data = {"settings": [{"name": n, "value": v, "from": w} for n, v, w in settings]}
     rows.append(Row("nccl settings", INFO, "; ".join(f"{n}={v} ({w})" for n, v, w in settings), data=data))
     for name, value, where in settings:
-        hurt = HURTING.get(name)
-        if hurt and hurt[0](value):
-            rows.append(Row(f"  {name}", FAIL if name in ("NCCL_IB_USE_INLINE", "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
-                                                          "NCCL_IB_DISABLE", "NCCL_NET") else WARN,
-                            f"{name}={value} ({where}): {hurt[1]}", f"remove it from {where}"))
+        hurts, status, why = HURTING.get(name, (lambda v: False, OK, ""))
+        if hurts(value):
+            rows.append(Row(f"  {name}", status, f"{name}={value} ({where}): {why}", f"remove it from {where}"))
         elif name == "NCCL_IB_GID_INDEX" and "NCCL_IB_GID_INDEX" in derived and value.strip() != derived["NCCL_IB_GID_INDEX"]:
             rows.append(Row(f"  {name}", FAIL, f"{name}={value} ({where}), but this box's RoCE v2 IPv4 GID is at index "
                             f"{derived['NCCL_IB_GID_INDEX']}", f"export NCCL_IB_GID_INDEX={derived['NCCL_IB_GID_INDEX']} "

@@ -377,3 +377,12 @@ def test_plot_names_an_unknown_or_absent_view(crossover_run):
 def test_flags_typer_cannot_parse_are_one_line(crossover_run):
     assert "Invalid value for '--margin'" in one_line_error("calibrate", crossover_run.path, "--margin", "abc")
     assert "No such option" in one_line_error("show", crossover_run.path, "--colour")
+
+
+def test_doctor_refuses_a_report_path_it_would_destroy_and_a_bad_timeout(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    assert "--report" in one_line_error("doctor", "--report", mine)
+    assert mine.read_text() == "mine"
+    assert "--timeout-s" in one_line_error("doctor", "--timeout-s", "0")
+    assert "--timeout-s" in one_line_error("doctor", "--timeout-s", "nan")

@@ -20,15 +20,25 @@ mkdir -p "$out"
 GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" 'index($4, ip "/") == 1 {print $2; exit}')
 export GLOO_SOCKET_IFNAME PYTHONUNBUFFERED=1
 
+# Each guest starts its rank itself, with the variables torchrun would give it: torchrun's own agent is
+# one more Python start (a minute under the software CPU); the launcher and torchrun paths are the
+# multiproc tier's (tests/multiproc/test_doctor_group.py).
 doctor() { # case port
-    "$py" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank "$node" --master-addr "$MASTER_ADDR" \
-        --master-port "$2" -m arxtune doctor --timeout-s 600 --report "$out/$1.tgz" >"$out/$1.node$node.txt" 2>&1
+    RANK=$node WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_PORT=$2 \
+        "$py" -m arxtune doctor --timeout-s 600 --report "$out/$1.tgz" >"$out/$1.node$node.txt" 2>&1
     echo $? >"$out/$1.node$node.rc"
     echo "doctor-cases: $1 done, exit $(cat "$out/$1.node$node.rc")"
 }
 
 ip link set dev eth0 mtu 9000 && ip link set dev eth1 mtu 9000
 doctor healthy 29601
+# perftest's floor on the same guests in the same state, right after the healthy ping-pong
+for dev in rxe0 rxe1; do
+    for size in 2 16384; do
+        bash "$here/floor.sh" --peer -d "$dev" -s "$size" -n 500 -t 300 | sed "s/^/$dev /" >>"$out/floor.node$node.txt"
+    done
+done
+echo "doctor-cases: floor done"
 
 if ((node == 1)); then # the IPv6 GID takes index 1 first; the IPv4 one comes back at 2
     ip addr del "10.77.1.$me/24" dev eth0
@@ -47,11 +57,4 @@ fi
 ((node == 1)) && ip link set dev eth0 mtu 1500
 doctor mtu 29603
 ip link set dev eth0 mtu 9000
-sleep 1
 
-for dev in rxe0 rxe1; do
-    for size in 2 16384; do
-        bash "$here/floor.sh" --peer -d "$dev" -s "$size" -n 500 -t 300 | sed "s/^/$dev /" >>"$out/floor.node$node.txt"
-    done
-done
-echo "doctor-cases: floor done"

@@ -390,8 +390,13 @@ def run_group(timeout_s: float = 60.0, host: Host | None = None, say=print) -> t
             say("")
             say(format_rows(rows))
         stage = "the verdict"
-        # Every rank leaves with the group's code, so torchrun fails (or not) on every box alike.
-        code = gather(int(any(r.status == FAIL for r in rows)) if rank == 0 else None)[0]
+        # Every rank leaves with the group's code, so torchrun fails (or not) on every box alike; the others say where to look.
+        failing = [r.item for r in rows if r.status == FAIL] if rank == 0 else None
+        failing = gather(failing)[0]
+        if rank != 0:
+            say(f"doctor: rank {rank}: the table and the verdicts are on rank 0 ({reports[0]['host']}): "
+                + (f"{len(failing)} failing row(s): {', '.join(failing)}" if failing else "every pair ready for a sweep"))
+        code = int(bool(failing))
     except Exception as exc:  # a rank that died or froze: the collective's timeout names it, nothing waits further
         said = " ".join(str(exc).split())
         say(f"doctor: rank {rank}: the group stopped answering during {stage} within {timeout_s:g} s: {said[:400]}")

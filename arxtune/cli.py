@@ -516,6 +516,10 @@ def doctor(
             typer.echo(json.dumps([r.as_dict() for r in rows], indent=2, default=str))
         else:
             typer.echo(doc.format_rows(rows))
+            exports = next((r.data["values"] for r in rows if r.item == "nccl for the pair" and r.data.get("values")), None)
+            if exports:
+                typer.echo("\n# NCCL for this box's pair (each box its own; the GID index moves after reboots):")
+                typer.echo("\n".join(f"export {k}={v}" for k, v in exports.items()))
         if report is not None:
             typer.echo(f"report: {written}", err=json_out)
     except (ArxtuneError, OSError) as exc:

@@ -256,3 +256,24 @@ def test_the_gb10_sweep_config_sets_the_same_nccl_lines_where_unset(tmp_path, mo
     from dataclasses import replace
 
     assert pair_settings_for(replace(config, nccl_pair_settings=False), spark(tmp_path / "c")) == {}
+
+
+def test_the_command_prints_the_export_lines_and_exits_1_on_a_failing_row(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import arxtune.harness.doctor as doc
+    from arxtune.cli import app
+
+    host = spark(tmp_path)
+    rows = checks.run(host, [c for c in checks.CHECKS if c.name not in ("arxg", "backends")])
+    monkeypatch.setattr(doc, "doctor", lambda: rows)
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-3:] == ["export NCCL_IB_HCA==roceP2p1s0f1:1,rocep1s0f1:1", "export NCCL_IB_GID_INDEX=3",
+                                               "export NCCL_SOCKET_IFNAME==enP2p1s0f1np1"]
+    data = json.loads(CliRunner().invoke(app, ["doctor", "--json"]).output)
+    assert [r["item"] for r in data] == [r.item for r in rows]
+    host.memlock = 1024
+    monkeypatch.setattr(doc, "doctor", lambda: checks.run(host, [checks.Check("memlock", checks.check_memlock)]))
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 1 and "FAIL" in result.output and "fix: ulimit -l unlimited" in result.output

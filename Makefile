@@ -5,10 +5,22 @@ BIN := $(VENV)/bin
 # The CPU wheel on these machines; set TORCH_SPEC= to keep a torch you already have.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.arxtune-installed
+RDMA_STAMP := $(VENV)/.arxtune-rdma
+# The rdma extra's pyverbs: the registry's source built once per version and Python (arxtune/harness/pyverbs_wheel.py).
+PYVERBS_CACHE ?= .cache/pyverbs
 
-.PHONY: venv run test test-rdma test-vllm test-vllm-guest-engine test-gpu bench clean
+.PHONY: venv venv-rdma run test test-rdma test-vllm test-vllm-guest-engine test-gpu bench clean
 
 venv: $(STAMP)
+
+# .venv with the rdma extra: pyverbs with its own libibverbs (a few minutes the first time; needs gcc, python3-dev).
+venv-rdma: $(RDMA_STAMP)
+
+$(RDMA_STAMP): $(STAMP) arxtune/harness/pyverbs_wheel.py
+	$(BIN)/python -m arxtune.harness.pyverbs_wheel build --cache $(PYVERBS_CACHE)
+	$(BIN)/python -m pip install -q -e ".[test,rdma]" --find-links $(PYVERBS_CACHE)
+	$(BIN)/python -c "import pyverbs.device"
+	touch $(RDMA_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +40,7 @@ test: venv
 	$(BIN)/python -m pytest -q tests/multiproc
 	$(BIN)/python -m pytest -q tests/rdma -m "not rdma"
 
-test-rdma: venv
+test-rdma: venv-rdma
 	bash scripts/test-rdma.sh
 
 test-vllm:

@@ -50,7 +50,7 @@ def _fail(exc: Exception, code: int = 2) -> None:
 
 def _finish(run_path: Path) -> None:
     """Calibrate and plot a finished run, printing where everything went; an existing thresholds file is kept."""
-    from arxtune.harness.calibrate import calibrate, describe_views
+    from arxtune.harness.calibrate import baseline_warnings, calibrate, describe_views
     from arxtune.harness.plot import plot_run
     from arxtune.harness.results import load_run
     from arxtune.runtime.thresholds import load
@@ -59,6 +59,8 @@ def _finish(run_path: Path) -> None:
 
     run = load_run(run_path)
     typer.echo(f"run:        {run.path}")
+    for warning in baseline_warnings(run):
+        typer.echo(f"arxtune: warning: {warning}", err=True)
     target = run.path / "thresholds.json"
     with Staged() as staged:  # the thresholds and the plot appear together, or neither
         try:
@@ -239,7 +241,7 @@ def calibrate(
 
       arxtune calibrate results/OLD results/NEW --prefer NEW --out thresholds.json
     """
-    from arxtune.harness.calibrate import DEFAULT_VIEWS, calibrate as calibrate_runs, describe_views
+    from arxtune.harness.calibrate import DEFAULT_VIEWS, baseline_warnings, calibrate as calibrate_runs, describe_views
     from arxtune.runtime.dispatch import default_thresholds_path
     from arxtune.harness.report import thresholds_table
     from arxtune.harness.results import load_run
@@ -267,6 +269,8 @@ def calibrate(
             tuner_target = check_output(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out", inputs, is_tuner_file)
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
         thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
+        for warning in baseline_warnings(loaded, baseline):
+            typer.echo(f"arxtune: warning: {warning}", err=True)
         text = thresholds.to_text()
         tuner = tuner_csv(thresholds, tuner_mode, tuner_dtype) if tuner_target is not None else None
         with Staged() as staged:  # published together once every file is written; a failure changes none
@@ -480,21 +484,129 @@ def e2e(
 
 
 @app.command()
-def doctor() -> None:
-    """List RDMA devices, GIDs, limits and GPUs, and which backends can run here."""
-    from arxtune.runtime import backends as backend_registry, env
+def doctor(
+    json_out: bool = typer.Option(False, "--json", help="The same rows as JSON (one object per row)."),
+    report: Optional[Path] = typer.Option(None, help="Also write one archive to attach to a report (rows, versions, sysfs, NCCL settings; nothing secret)."),
+    nproc_per_node: Optional[int] = typer.Option(None, help="Ranks on this node for the group doctor (one per box is the usual)."),
+    nnodes: int = typer.Option(1, help="Boxes in the group; >1 runs doctor across them (needs --rdzv-endpoint)."),
+    node_rank: Optional[int] = typer.Option(None, help="This node's rank (optional with c10d rendezvous)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, help="HOST:PORT every box can reach (rank 0's ConnectX address)."),
+    timeout_s: float = typer.Option(60.0, help="Across the boxes: how long any rank or ping-pong answer is waited for."),
+) -> None:
+    """Check this box (or, under torchrun or with --nnodes, every box and each pair) and say the fix for each failure.
+
+    Exit code 1 when a row fails, 2 on bad input. Examples:
+
+      arxtune doctor                                   # this box, one row per check
+
+      arxtune doctor --json > doctor.json
+
+      arxtune doctor --nnodes 2 --nproc-per-node 1 --rdzv-endpoint spark0:29500 --report doctor.tgz   # on each box
+
+      torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint spark0:29500 -m arxtune doctor
+    """
+    from arxtune.runtime import backends as backend_registry, distributed, env
 
     try:
-        from arxtune.harness.doctor import doctor as run_doctor, format_report
+        from arxtune.harness import doctor as doc
+        from arxtune.harness.doctor import report as doc_report
     except ImportError as exc:
         _fail(ArxtuneError(f"doctor is unavailable: {exc}"))
     try:
         backend_registry.check_extra()
         if env.problems():
             raise ArxtuneError("; ".join(env.problems()))
-    except ArxtuneError as exc:
+        if not (math.isfinite(timeout_s) and 0 < timeout_s <= 24 * 3600):
+            raise ArxtuneError(f"--timeout-s must be a number of seconds above 0, not {timeout_s}")
+        if report is not None:
+            doc_report.check_output(report, "--report", (), doc_report._is_report)
+        if distributed.under_torchrun():
+            _doctor_group(timeout_s, report, json_out)
+            return
+        if nnodes > 1 or nproc_per_node is not None:
+            from arxtune.harness import launch
+
+            plan = launch.LaunchPlan(nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, timeout_s=timeout_s)
+            plan.torchrun_args()
+            result = launch.run_under_torchrun(plan, sys.argv[1:])
+            if result.interrupted:
+                _fail(ArxtuneError("interrupted"), 130)
+            if result.code:
+                if result.errors:
+                    typer.echo(f"arxtune: error: {' | '.join(result.errors)}", err=True)
+                raise typer.Exit(1)
+            return
+        rows = doc.doctor()
+        if report is not None:
+            written = doc_report.write(report, rows)
+        if json_out:
+            import json
+
+            typer.echo(json.dumps([r.as_dict() for r in rows], indent=2, default=str))
+        else:
+            typer.echo(doc.format_rows(rows))
+            exports = next((r.data["values"] for r in rows if r.item == "nccl for the pair" and r.data.get("values")), None)
+            if exports:
+                typer.echo("\n# NCCL for this box's pair (each box its own; the GID index moves after reboots):")
+                typer.echo("\n".join(f"export {k}={v}" for k, v in exports.items()))
+        if report is not None:
+            typer.echo(f"report: {written}", err=json_out)
+    except (ArxtuneError, OSError) as exc:
         _fail(exc)
-    typer.echo(format_report(run_doctor()))
+    if doc.failed(rows):
+        raise typer.Exit(1)
+
+
+def _doctor_group(timeout_s: float, report: Optional[Path], json_out: bool) -> None:
+    """One rank of the group doctor; rank 0 prints, writes the report and decides the exit code."""
+    import json
+
+    from arxtune.harness.doctor import group, report as doc_report
+
+    say = (lambda line: None) if json_out else typer.echo
+    code, rows, reports, pings = group.run_group(timeout_s, say=say)
+    if int(os.environ["RANK"]) == 0:
+        data = {"rows": [r.as_dict() for r in rows], "reports": reports,
+                "pingpong": {f"{i}-{j}": v for (i, j), v in pings.items()},
+                "table": [{"what": k, "values": v, "differs": d} for k, v, d in group.table(reports)] if reports else []}
+        if json_out:
+            typer.echo(json.dumps(data, indent=2, default=str))
+        if report is not None:
+            own = [doc_report.Row(**r) for r in reports[0]["rows"]] if reports else []
+            typer.echo(f"report: {doc_report.write(report, own, group=data)}", err=json_out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+pyverbs_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                          help="pyverbs for this Python: the registry's pyverbs built with its own libibverbs (the rdma extra).")
+app.add_typer(pyverbs_app, name="pyverbs")
+
+
+@pyverbs_app.command("install")
+def pyverbs_install(cache: Optional[Path] = typer.Option(None, help="Where built wheels are kept (default ~/.cache/arxtune/pyverbs).")) -> None:
+    """Build the wheel once (a few minutes; needs gcc and python3-dev), then pip-install it here.
+
+    Example: arxtune pyverbs install && arxtune doctor
+    """
+    from arxtune.harness import pyverbs_wheel
+
+    try:
+        pyverbs_wheel.install(cache, say=lambda line: typer.echo(line, err=True))
+    except (ArxtuneError, OSError) as exc:
+        _fail(exc)
+
+
+@pyverbs_app.command("build")
+def pyverbs_build(cache: Optional[Path] = typer.Option(None, help="Where built wheels are kept (default ~/.cache/arxtune/pyverbs).")) -> None:
+    """Build (or find) the wheel and print its path, for pip install --find-links."""
+    from arxtune.harness import pyverbs_wheel
+
+    try:
+        typer.echo(str(pyverbs_wheel.build(cache, say=lambda line: typer.echo(line, err=True))))
+    except (ArxtuneError, OSError) as exc:
+        _fail(exc)
 
 
 def main() -> None:

@@ -3,25 +3,28 @@
 #   1. lab.sh setup (idempotent: packages, guest kernel, initramfs)
 #   2. ONE guest boot: pytest tests/rdma (pure tests, transport, 2- and 3-rank
 #      torchrun checks, arxtune sweep with arx/arx2, ib_write_lat floor, doctor)
-#   3. ONE two-guest boot: torchrun --nnodes 2 across two kernels (mp_check.py --arxg)
+#   3. ONE two-guest boot: torchrun --nnodes 2 across two kernels (mp_check.py --arxg), then `arxtune doctor`
+#      across the two guests healthy, with a GID index made to differ and with an MTU mismatch
+#      (scripts/rdma_lab/doctor-cases.sh), and perftest's floor beside its ping-pong (tests/rdma/doctor_cases_check.py)
 #   4. ONE three-guest boot: three ranks on a ring and on a switch (world3_check.py:
 #      reachability, an arx sweep and the communicator per topology; `arxtune show` prints the ring's run)
+# pyverbs is the rdma extra's in the venv (make venv-rdma), imported from the guests through the shared root.
 # Fails if anything fails or any RDMA test is skipped (ARXTUNE_REQUIRE_RDMA=1).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 LAB=scripts/rdma_lab/lab.sh
 PY=${ARXTUNE_PYTHON:-.venv/bin/python}
 JUNIT=.cache/rdma-tier-junit.xml
+DOCTOR_OUT=.cache/doctor-cases
 
 bash "$LAB" setup || { echo "test-rdma: lab setup failed" >&2; exit 1; }
-# Debian's pyverbs (built for CPython 3.11) on the path, without touching the venv.
-mkdir -p .cache/pyverbs-path && ln -sfn /usr/lib/python3/dist-packages/pyverbs .cache/pyverbs-path/pyverbs
-export PYTHONPATH=$PWD/.cache/pyverbs-path${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c 'import pyverbs.device, pyverbs; print("test-rdma: pyverbs", pyverbs.__file__)' \
+    || { echo "test-rdma: pyverbs does not import from $PY: make venv-rdma installs the rdma extra" >&2; exit 1; }
 export ARXTUNE_REQUIRE_RDMA=1
 rm -f "$JUNIT"
 
 rc=0
-echo "test-rdma: [1/2] one guest: pytest tests/rdma"
+echo "test-rdma: [1/3] one guest: pytest tests/rdma"
 bash "$LAB" run -- bash -c 'exec "$0" -m pytest -q -rfEs --durations=8 -p no:cacheprovider tests/rdma --junitxml="$1"' \
     "$PY" "$JUNIT" || rc=1
 if [[ ! -s "$JUNIT" ]]; then
@@ -36,16 +39,21 @@ then
     echo "test-rdma: tests failed or were skipped (see above)" >&2; rc=1
 fi
 
-echo "test-rdma: [2/2] two guests: torchrun --nnodes 2 (arx, arx2 and arxg's verbs proxies across two kernels, two rails)"
+echo "test-rdma: [2/3] two guests: torchrun --nnodes 2 (arx, arx2 and arxg's verbs proxies across two kernels, two rails), then doctor"
+rm -rf "$DOCTOR_OUT"
 # gloo must bind the NIC that carries this node's address, not whatever the hostname resolves to.
 bash "$LAB" run2 -- bash -c '
     export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" "index(\$4, ip \"/\") == 1 {print \$2; exit}")
-    exec "$0" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank "$NODE_RANK" \
-        --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" tests/rdma/mp_check.py --arxg' "$PY" || rc=1
+    "$0" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank "$NODE_RANK" \
+        --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" tests/rdma/mp_check.py --arxg
+    code=$?
+    ARXTUNE_PYTHON=$0 bash scripts/rdma_lab/doctor-cases.sh "$1" || code=1
+    exit $code' "$PY" "$DOCTOR_OUT" || rc=1
+"$PY" tests/rdma/doctor_cases_check.py "$DOCTOR_OUT" || rc=1
 
 world3() {
     local out=.cache/rdma-world3 t0=$SECONDS
-    echo "test-rdma: three guests: world 3 on a ring (rxe0, rxe1) and a switch (rxe2, rxe3)"
+    echo "test-rdma: [3/3] three guests: world 3 on a ring (rxe0, rxe1) and a switch (rxe2, rxe3)"
     rm -rf "$out"
     bash "$LAB" run3 --mem 3072 --timeout 1200 -- bash -c '
         export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" "index(\$4, ip \"/\") == 1 {print \$2; exit}")

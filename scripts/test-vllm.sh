@@ -17,11 +17,10 @@ venv_s=$(( $(date +%s) - start ))
 echo "test-vllm: venv $VENV ready after ${venv_s} s"
 cd "$ROOT"
 
-in_guest() { # timeout, memory (MB), then the command; arx is the routed backend, pyverbs from Debian's package
+in_guest() { # timeout, memory (MB), then the command; arx is the routed backend, pyverbs the venv's (the rdma extra)
     local timeout=$1 mem=$2; shift 2
     bash scripts/rdma_lab/lab.sh setup || return 1
-    mkdir -p .cache/pyverbs-path && ln -sfn /usr/lib/python3/dist-packages/pyverbs .cache/pyverbs-path/pyverbs
-    PYTHONPATH="$ROOT/.cache/pyverbs-path" ARXTUNE_VLLM_TEST_BACKEND=arx ARXTUNE_REQUIRE_VLLM=1 \
+    ARXTUNE_VLLM_TEST_BACKEND=arx ARXTUNE_REQUIRE_VLLM=1 \
         ARXTUNE_VLLM_TEST_TIMEOUT=$(( timeout - 600 )) \
         bash scripts/rdma_lab/lab.sh run --mem "$mem" --timeout "$timeout" -- "$@"
 }

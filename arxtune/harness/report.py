@@ -67,9 +67,25 @@ def console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 180)
 
 
+def nccl_line(records: list[dict] | None) -> str:
+    """What NCCL used in a run, in one line: the same for every rank, or per rank."""
+    from arxtune.harness.nccl_facts import summary
+
+    if not records:
+        return "nccl used: not recorded (a CPU run, or a run made before results format 4)"
+    lines = [summary(r) for r in records]
+    if len(set(lines)) == 1:
+        return f"nccl used: {lines[0]} (every rank)"
+    return "nccl used: " + "; ".join(f"rank {r.get('rank', i)}: {line}" for i, (r, line) in enumerate(zip(records, lines)))
+
+
 def show(path: str | Path, out: Console | None = None) -> None:
     console_ = out or console()
     path = Path(path)
     if path.name in RUN_DATA_FILES and is_run_dir(path.parent):
         raise ArxtuneError(f"{path} is part of the run in {path.parent}; show the run: arxtune show {path.parent}")
-    console_.print(run_table(path) if path.is_dir() else thresholds_table(load(path)))
+    if path.is_dir():
+        console_.print(run_table(path))
+        console_.print(nccl_line(load_run(path).meta.nccl_used), soft_wrap=True)
+    else:
+        console_.print(thresholds_table(load(path)))

@@ -15,6 +15,9 @@ Format history:
   timed: eager, isolated, graph; "mode" is the runtime's word), and the
   config's `modes` key is `views`. Version 2 runs are still read, resumed and
   appended to in their own format.
+- version 4: meta.json gains `nccl_used`: per rank, what NCCL logged it used
+  (network, HCAs, GID index, channels, transports; nccl_facts.parse_log). Points
+  are as in version 3; versions 2 and 3 are still read, resumed and appended to.
 """
 
 from __future__ import annotations
@@ -37,14 +40,14 @@ from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime.fileio import WriterLock, check_exists, ensure_dir, read_text, write_text_atomic
 from arxtune.harness.stats import bandwidths, summarize
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: Versions this arxtune reads; a run keeps its version (and header) when resumed.
-READABLE_VERSIONS = (2, 3)
+READABLE_VERSIONS = (2, 3, 4)
 META_FILE = "meta.json"
 POINTS_FILE = "points.csv"
 POINT_COLUMNS = ["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
 #: points.csv's header in each readable version (the columns keep their order).
-HEADERS = {3: POINT_COLUMNS, 2: [("mode" if c == "view" else c) for c in POINT_COLUMNS]}
+HEADERS = {4: POINT_COLUMNS, 3: POINT_COLUMNS, 2: [("mode" if c == "view" else c) for c in POINT_COLUMNS]}
 STATUSES = ("ok", "wrong", "error", "unsupported")
 #: points.csv of the largest sweeps stays far below this.
 POINTS_FILE_LIMIT = 1 << 30
@@ -101,6 +104,7 @@ class RunMeta:
     backends: dict = field(default_factory=dict)  # name -> {"available": bool, "reason": str, "capturable": bool}
     fabric_floor_us: float | None = None
     command: str = ""
+    nccl_used: list[dict] | None = None  # per rank, what NCCL logged it used (version 4; None: not recorded, or CPU)
 
     @classmethod
     def from_dict(cls, data, source: Path | str) -> "RunMeta":
@@ -136,7 +140,8 @@ class RunMeta:
             backends={schema.name(n, "backends"): _backend_status(s, f"backends.{n}")
                       for n, s in schema.table(data.get("backends", {}), "backends").items()},
             fabric_floor_us=schema.optional_number(data.get("fabric_floor_us"), "fabric_floor_us", lo=0.0, lo_open=True),
-            command=text(data.get("command", ""), "command"))
+            command=text(data.get("command", ""), "command"),
+            nccl_used=_nccl_used(data.get("nccl_used")))
 
 
 #: Largest step between grid sizes a run may record (calibrate extends tables by it).
@@ -149,6 +154,21 @@ def _meta_config(value) -> dict:
     if "step_factor" in config:
         schema.number(config["step_factor"], "config.step_factor", lo=1.0, hi=MAX_STEP_FACTOR, lo_open=True)
     return config
+
+
+def _nccl_used(value) -> list[dict] | None:
+    """meta.json's nccl_used: null, or one object per rank; the fields readers use (calibrate, show) are checked."""
+    if value is None:
+        return None
+    records = list(schema.items(value, "nccl_used", schema.table))
+    for i, rec in enumerate(records):
+        where = f"nccl_used[{i}]"
+        schema.optional_string(rec.get("error"), f"{where}.error")
+        schema.strings(rec.get("devices", []), f"{where}.devices")
+        for j, comm in enumerate(schema.items(rec.get("communicators", []), f"{where}.communicators", schema.table)):
+            schema.strings(comm.get("transports", []), f"{where}.communicators[{j}].transports")
+            schema.strings(comm.get("hcas_used", []), f"{where}.communicators[{j}].hcas_used")
+    return records
 
 
 def _backend_status(value, where: str) -> dict:

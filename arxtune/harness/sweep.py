@@ -12,10 +12,13 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
 import platform
 import secrets
 import shlex
+import socket
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ from arxtune.harness.config import SweepConfig, format_bytes, from_mapping
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
 from arxtune.harness.launch import JOINED_LINE, RUN_PREFIX, tell_launcher
+from arxtune.harness.nccl_facts import LogCapture
 from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, undecided
 from arxtune.runtime.timing import Timer, has_timer, make_timer
 
@@ -347,13 +351,44 @@ def _progress(enabled: bool, total: int):
     return Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.description}"))
 
 
+def _capture_nccl_log() -> LogCapture | None:
+    """Where a GPU rank's NCCL writes its set-up (the transport, HCAs, GID and channels it used); set before
+    NCCL starts in this process. None on CPU: no NCCL runs there."""
+    from arxtune.harness.launch import local_device_type
+
+    if local_device_type() != "cuda":
+        return None
+    capture = LogCapture.plan(os.environ, tempfile.gettempdir())
+    os.environ.update(capture.settings)
+    return capture
+
+
+def pair_settings_for(config: SweepConfig, host=None) -> dict[str, str]:
+    """With `nccl_pair_settings`, this rank's NCCL_IB_HCA, NCCL_IB_GID_INDEX and NCCL_SOCKET_IFNAME where unset
+    (derived as `arxtune doctor` derives them); set before NCCL starts in this process."""
+    if not config.nccl_pair_settings:
+        return {}
+    from arxtune.harness.doctor import Host, endpoints
+    from arxtune.harness.nccl_facts import pair_settings
+
+    usable = endpoints(host or Host())
+    named = config.backend_options.get("arx", {}).get("devices")
+    if named:
+        usable = sorted((e for e in usable if e.device in named), key=lambda e: list(named).index(e.device))
+    applied = {k: v for k, v in pair_settings(usable).values.items() if not os.environ.get(k)}
+    os.environ.update(applied)
+    return applied
+
+
 def run(config: SweepConfig, run_id: str | None = None, resume: str | None = None, progress: bool = True) -> Path:
     """Sweep under torchrun; returns the run directory (rank 0 writes it, all ranks return its path)."""
+    pair_settings_for(config)
+    nccl_log = _capture_nccl_log()
     ctx = distributed.init(config.timeout_s, config.backend_options)
     tell_launcher(JOINED_LINE)  # the launcher's sign that the rendezvous is over
     finished = False
     try:
-        path = _run(config, ctx, run_id, resume, progress)
+        path = _run(config, ctx, run_id, resume, progress, nccl_log)
         finished = True
         return path
     except RuntimeError as exc:
@@ -417,7 +452,16 @@ def _prepare(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume:
         return None, (f"cannot start the run ({type(exc).__name__}: {exc})", None, set(), "")
 
 
-def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, progress: bool) -> Path:
+def _nccl_used(ctx: GroupContext, capture: LogCapture | None) -> list[dict] | None:
+    """Every rank's record of what NCCL used (gathered on every rank; rank 0 stores it); None on CPU."""
+    if ctx.device.type != "cuda":
+        return None
+    mine = capture.record(socket.gethostname(), os.getpid(), ctx.rank) if capture else {"rank": ctx.rank, "error": "no capture"}
+    return distributed.gather_objects(mine, ctx.cpu_group)
+
+
+def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, progress: bool,
+         nccl_log: LogCapture | None = None) -> Path:
     baseline = config.baseline or default_baseline(ctx.device)
     hosts = distributed.gather_objects(distributed.describe_host(ctx), ctx.cpu_group)
     writer, verdict = _prepare(config, ctx, run_id, resume, baseline, hosts)
@@ -445,9 +489,13 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
                     writer.append_group([r for r in records if r.key not in done])
                 if bar:
                     bar.advance(task)
+        nccl_used = _nccl_used(ctx, nccl_log)
         if writer:
+            writer.meta.nccl_used = nccl_used
             writer.meta.finished = _now()
             writer.write_meta()
+        if nccl_log and nccl_log.settings:  # our own log, read: nothing in it the run does not hold
+            nccl_log.path(socket.gethostname(), os.getpid()).unlink(missing_ok=True)
         return Path(path)
     finally:
         for backend in ready.values():

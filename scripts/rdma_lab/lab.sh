@@ -8,10 +8,10 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/../.." && pwd)
 CACHE=${ARXTUNE_LAB_CACHE:-$REPO_ROOT/.cache/rdma-lab}
-PYENV_PY=${ARXTUNE_LAB_PYENV_PY:-/root/.pyenv/versions/3.11.7/bin/python3}
 
+# pyverbs is not among them: the project's venv has the rdma extra's (make venv-rdma).
 APT_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers
-    perftest python3-pyverbs iproute2 kmod cpio gzip xz-utils)
+    perftest iproute2 kmod cpio gzip xz-utils)
 # Modules the initramfs needs to reach the host root; deps come from modules.dep.
 INITRD_MODULES=(virtio_pci 9pnet_virtio 9p overlay)
 # Environment passed to the command in the guest, besides ARXTUNE_* and PYTHON*.
@@ -33,9 +33,8 @@ usage: scripts/rdma_lab/lab.sh COMMAND
   run3 [OPTS] -- CMD...          boot three guests, each with a ring (rxe0, rxe1: one UDP cable and subnet per pair of
                                  guests) and a switch (rxe2, rxe3 on one multicast segment and subnet 10.77.40.0/24);
                                  NODE_RANK, NNODES=3, MASTER_ADDR (switch), MASTER_PORT set
-  selftest                       ibv_devices, rdma link, ibv_devinfo, ib_write_lat (1 and 2 guests), pyverbs
+  selftest                       ibv_devices, rdma link, ibv_devinfo, ib_write_lat (1 and 2 guests), the venv's pyverbs
   ib-write-lat [--two-node]      print ib_write_lat_2B_us=<typical> measured in a guest
-  pyverbs-link VENV              make VENV (CPython 3.11) import Debian's pyverbs via one symlink
   clean                          delete the cache ($CACHE)
 OPTS: --mem MB (default $DEFAULT_MEM)  --timeout S (default $DEFAULT_TIMEOUT)  --smp N  --env NAME[=VALUE] (repeatable)
 Cache: \$ARXTUNE_LAB_CACHE (default <repo>/.cache/rdma-lab)
@@ -174,20 +173,11 @@ build_initramfs() { # kv
     rm -rf "$root"
 }
 
-# Debian's pyverbs alone in a directory: PYTHONPATH for a python that must not
-# see the rest of /usr/lib/python3/dist-packages.
-PYVERBS_SRC=/usr/lib/python3/dist-packages/pyverbs
-make_pyverbs_site() {
-    mkdir -p "$CACHE/pyverbs-site"
-    ln -sfn "$PYVERBS_SRC" "$CACHE/pyverbs-site/pyverbs"
-}
-
 setup_complete() {
     [[ -f "$CACHE/setup.env" ]] || return 1
     # shellcheck source=/dev/null
     source "$CACHE/setup.env"
-    [[ -f "$LAB_IMAGE" && -f "$CACHE/initramfs.cpio.gz" && -f "$LAB_KMOD_DIR/modules.dep" \
-        && -e "$CACHE/pyverbs-site/pyverbs/__init__.py" ]] || return 1
+    [[ -f "$LAB_IMAGE" && -f "$CACHE/initramfs.cpio.gz" && -f "$LAB_KMOD_DIR/modules.dep" ]] || return 1
     [[ "$LAB_INITRD_HASH" == "$(initrd_hash)" && "${LAB_HZ:-}" =~ ^[0-9]+$ ]] || return 1
     [[ -z "$(missing_pkgs)" ]]
 }
@@ -226,7 +216,6 @@ cmd_setup() {
         image=$CACHE/kernel/boot/vmlinuz-$kv
     fi
     build_initramfs "$kv"
-    make_pyverbs_site
     cat >"$CACHE/setup.env" <<EOF
 LAB_KPKG=$pkg
 LAB_KV=$kv
@@ -564,30 +553,12 @@ cmd_ib_write_lat() {
     fi
 }
 
-cmd_pyverbs_link() {
-    local venv=${1:?usage: lab.sh pyverbs-link VENV}
-    [[ -x "$venv/bin/python" ]] || die "$venv is not a virtualenv (no bin/python)"
-    [[ -d "$PYVERBS_SRC" ]] || die "Debian's pyverbs is missing: run lab.sh setup (installs python3-pyverbs)"
-    local site
-    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-    "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
-        || die "$venv is not CPython 3.11: Debian's pyverbs is built for 3.11 only"
-    ln -sfn "$PYVERBS_SRC" "$site/pyverbs"
-    note "linked $site/pyverbs -> $PYVERBS_SRC"
-}
-
 cmd_selftest() {
     cmd_setup
-    local venv=$CACHE/selftest-venv rc=0 t0
-    # A throwaway venv on the pyenv 3.11 shows the pyverbs-link recipe works.
-    if [[ -x "$PYENV_PY" ]]; then
-        [[ -x "$venv/bin/python" ]] || "$PYENV_PY" -m venv --without-pip "$venv" || die "cannot create a venv with $PYENV_PY"
-        cmd_pyverbs_link "$venv"
-    fi
+    local rc=0 t0
     note "selftest: one guest"
     t0=$SECONDS
-    ARXTUNE_LAB_SELFTEST_VENV=$venv ARXTUNE_LAB_PYENV_PY=$PYENV_PY \
-        "$SCRIPT_DIR/lab.sh" run --timeout 900 -- bash "$SCRIPT_DIR/selftest-guest.sh" "$CACHE/pyverbs-site" || rc=$?
+    "$SCRIPT_DIR/lab.sh" run --timeout 900 -- bash "$SCRIPT_DIR/selftest-guest.sh" "${ARXTUNE_PYTHON:-$REPO_ROOT/.venv/bin/python}" || rc=$?
     note "selftest: one guest finished with $rc in $((SECONDS - t0))s"
     note "selftest: two guests (run2), ib_write_lat across the socket link"
     t0=$SECONDS
@@ -611,7 +582,6 @@ main() {
     run3) cmd_run3 "$@" ;;
     selftest) cmd_selftest ;;
     ib-write-lat) cmd_ib_write_lat "$@" ;;
-    pyverbs-link) cmd_pyverbs_link "$@" ;;
     clean) rm -rf "$CACHE" && note "removed $CACHE" ;;
     help | -h | --help) usage ;;
     *) usage >&2; die "unknown command $cmd" ;;

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Guest half of `lab.sh selftest`.
-#   selftest-guest.sh PYVERBS_ONLY_DIR   inside one guest (lab.sh run)
-#   selftest-guest.sh --two-node         inside both guests (lab.sh run2)
-# PYVERBS_ONLY_DIR: a directory holding only Debian's pyverbs (lab.sh setup makes it).
+#   selftest-guest.sh PYTHON         inside one guest (lab.sh run): PYTHON's pyverbs (the rdma extra) lists the devices
+#   selftest-guest.sh --two-node     inside both guests (lab.sh run2)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -27,23 +26,14 @@ if [[ "${1:-}" == --two-node ]]; then
     echo "selftest-guest: $fails failed"
     exit $((fails > 0))
 fi
-site=${1:?usage: selftest-guest.sh PYVERBS_ONLY_DIR | --two-node}
+python=${1:?usage: selftest-guest.sh PYTHON | --two-node}
 
 step "ibv_devices" ibv_devices
 step "rdma link" rdma link
 step "ibv_devinfo -d rxe0" ibv_devinfo -d rxe0
 step "ib_write_lat -s 2 -n 1000 on rxe0 (loopback)" bash "$here/floor.sh" -d rxe0
 step "ib_write_lat -s 2 -n 1000 on rxe1 (loopback)" bash "$here/floor.sh" -d rxe1
-step "pyverbs: /usr/bin/python3" env -u PYTHONPATH /usr/bin/python3 -c "$probe"
-if [[ -x "${ARXTUNE_LAB_PYENV_PY:-}" ]]; then
-    # -s: no user site; PYTHONPATH holds nothing but the pyverbs package.
-    step "pyverbs: pyenv python + PYTHONPATH=$site" \
-        env PYTHONPATH="$site" "$ARXTUNE_LAB_PYENV_PY" -s -c "$probe"
-fi
-if [[ -x "${ARXTUNE_LAB_SELFTEST_VENV:-}/bin/python" ]]; then
-    step "pyverbs: venv with a pyverbs symlink (lab.sh pyverbs-link)" \
-        env -u PYTHONPATH "$ARXTUNE_LAB_SELFTEST_VENV/bin/python" -c "$probe"
-fi
+step "pyverbs: $python (the rdma extra, make venv-rdma)" "$python" -c "$probe"
 
 echo "selftest-guest: $fails failed"
 ((fails == 0))

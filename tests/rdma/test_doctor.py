@@ -1,37 +1,53 @@
-"""`arxtune doctor` report (pure: fake sysfs; and on the device when there is one)."""
+"""`arxtune doctor` on a fake fabric, and on the soft-RoCE device in the lab guest (marked rdma)."""
 
 from __future__ import annotations
 
 import pytest
 
-import arxtune.harness.doctor as doctor_mod
-from arxtune.harness.doctor import doctor, format_report
+from arxtune.harness.doctor import Host, doctor, format_rows
+from arxtune.harness.doctor.rows import FAIL, OK
 from test_device import make_dev, v4
 
 
-def test_report_on_a_fake_machine(tmp_path, monkeypatch):
-    make_dev(tmp_path, "rxe0", [(v4(127, 0, 0, 1), "RoCE v2", "lo"), (v4(10, 77, 0, 1), "RoCE v2", "dummy0")])
-    from arxtune.runtime.rdma import device
+class _Verbs:
+    def status(self):
+        return None, {"version": "59.0+bundled.1", "file": "pyverbs", "bundled": True}
 
-    monkeypatch.setattr(doctor_mod, "read_devices", lambda: device.read_devices(tmp_path))
-    rows = dict(doctor())
-    assert rows["rxe0 port 1"].startswith("ACTIVE, Ethernet, active MTU")
-    assert rows["  GID 1"] == "RoCE v2 10.77.0.1 on dummy0  <- arx uses this"
-    assert rows["  GID 0"] == "RoCE v2 127.0.0.1 on lo"
-    assert "ulimit -l" in " ".join(rows) and "backend gloo" in rows and "backend arx" in rows
-    text = format_report(doctor())
-    assert "backend arx2" in text and "gpus" in text
+    def device_names(self):
+        return ["rxe0"]
+
+    def active_mtu(self, device, port):
+        return 1024
+
+    def register(self, device, nbytes):
+        return None
+
+
+def test_report_on_a_fake_machine(tmp_path):
+    make_dev(tmp_path / "sys/class/infiniband", "rxe0",
+             [(v4(127, 0, 0, 1), "RoCE v2", "lo"), (v4(10, 77, 0, 1), "RoCE v2", "dummy0")])
+    rows = {r.item: r for r in doctor(Host(root=tmp_path, verbs=_Verbs(), memlock=None, torch_nccl=None, addresses={}))}
+    assert rows["rxe0 port 1"].finding.startswith("ACTIVE, Ethernet, active MTU 1024")
+    assert rows["rxe0 port 1"].data["gid_index"] == 1 and "GID 1 (10.77.0.1 on dummy0)" in rows["rxe0 port 1"].finding
+    assert rows["memory registration"].status == OK
+    assert "backend gloo" in rows and "backend arx" in rows
+    assert "backend arx2" in format_rows(list(rows.values()))
 
 
 def test_bad_environment_setting_is_reported_not_raised(monkeypatch):
     monkeypatch.setenv("ARXTUNE_RDMA_MAX_BYTES", "huge")
-    rows = dict(doctor())
-    assert "not a byte size" in rows["arx settings"]
+    rows = {r.item: r for r in doctor()}
+    assert rows["arx settings"].status == FAIL and "not a byte size" in rows["arx settings"].finding
 
 
 @pytest.mark.rdma
 def test_doctor_on_the_device_says_arx_can_run():
-    rows = dict(doctor())
-    print(format_report(list(rows.items())))
-    assert rows["backend arx"] == "can run (under torchrun)"
-    assert any("<- arx uses this" in v for v in rows.values())
+    """The lab's soft-RoCE devices through the rdma extra's pyverbs: listed, their ports read, 4 KiB registered."""
+    rows = doctor()
+    print(format_rows(rows))
+    got = {r.item: r for r in rows}
+    assert got["pyverbs"].status == OK and got["pyverbs"].data["bundled"], got["pyverbs"]
+    assert set(got["pyverbs"].data["seen"]) >= {"rxe0", "rxe1"}
+    assert got["backend arx"].finding == "can run (under torchrun)"
+    assert got["memory registration"].status == OK, got["memory registration"]
+    assert got["rxe0 port 1"].data["active_mtu"] in (1024, 4096) and got["rxe0 port 1"].data["gid_index"] is not None

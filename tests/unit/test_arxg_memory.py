@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+import torch
+
 from arxtune.harness import doctor
 from arxtune.runtime.rdma.errors import RdmaUnavailable
 from arxtune.runtime.rdma.graph.memory import ATTRIBUTES, DeviceMemory, MemoryChoice, choose, memory_line
@@ -85,11 +87,11 @@ def test_attribute_numbers_are_cudas():
 def test_doctor_names_the_mode_on_a_gpu_and_says_not_applicable_without_one(monkeypatch, tmp_path):
     from arxtune.runtime.rdma.graph.abi import KernelImage
 
-    monkeypatch.setattr(doctor.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert doctor.arxg_rows() == [("arxg memory", "not applicable: no CUDA GPU (arxg runs CUDA tensors)")]
-    monkeypatch.setattr(doctor.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(doctor.torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(doctor.torch.cuda, "get_device_capability", lambda i=0: (12, 1))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (12, 1))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("ARXTUNE_ARXG_KERNELS", raising=False)
 

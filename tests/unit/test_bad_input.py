@@ -505,3 +505,12 @@ def test_override_bounds_above_the_format_cap_are_refused(text, needle):
 
     with pytest.raises(ArxtuneError, match=needle):
         parse_overrides(text)
+
+
+def test_doctor_refuses_a_report_path_it_would_destroy_and_a_bad_timeout(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    assert "--report" in one_line_error("doctor", "--report", mine)
+    assert mine.read_text() == "mine"
+    assert "--timeout-s" in one_line_error("doctor", "--timeout-s", "0")
+    assert "--timeout-s" in one_line_error("doctor", "--timeout-s", "nan")

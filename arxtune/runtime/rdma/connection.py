@@ -29,7 +29,10 @@ from arxtune.runtime.rdma.protocol import Layout, seq_of, stripes
 from arxtune.runtime.rdma.reach import Link, RankFacts
 
 try:
-    import pyverbs.enums as e
+    try:
+        import pyverbs.libibverbs_enums as e  # rdma-core 58 and later (the rdma extra's pyverbs)
+    except ImportError:
+        import pyverbs.enums as e  # before: Debian 12's and Ubuntu 24.04's python3-pyverbs
     from pyverbs.addr import AHAttr, GID, GlobalRoute
     from pyverbs.cq import CQ, cqe_status_to_str
     from pyverbs.device import Context
@@ -38,10 +41,13 @@ try:
     from pyverbs.pyverbs_error import PyverbsError
     from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
     from pyverbs.wr import SGE, SendWR
-except ImportError as _exc:  # the lab README says how to make Debian's python3-pyverbs importable
+except ImportError as _exc:  # `arxtune pyverbs install` (PYVERBS_ADVICE) brings it
     PYVERBS_IMPORT_ERROR: ImportError | None = _exc
 else:
     PYVERBS_IMPORT_ERROR = None
+
+#: What to run where pyverbs is missing (the runtime cannot import the harness, which builds it).
+PYVERBS_ADVICE = "install it with `arxtune pyverbs install` (the rdma extra)"
 
 #: exchange(obj) -> [obj of rank 0, obj of rank 1, ...]; every rank calls it together.
 Exchange = Callable[[Any], list]
@@ -94,7 +100,7 @@ class Transport:
         register instead of a buffer of our own (a uint8 CPU tensor of at least Layout.total_bytes),
         e.g. the shared segment the graph engine's proxy serves."""
         if PYVERBS_IMPORT_ERROR is not None:
-            raise RdmaUnavailable(f"arx: pyverbs is not importable ({PYVERBS_IMPORT_ERROR}); install python3-pyverbs")
+            raise RdmaUnavailable(f"arx: pyverbs is not importable ({PYVERBS_IMPORT_ERROR}); {PYVERBS_ADVICE}")
         self.cfg, self.rank, self.world = cfg, rank, world
         self.timeout_s = cfg.timeout_s
         self.peers = [(rank + i) % world for i in range(1, world)]  # staggered so no rank is everyone's first

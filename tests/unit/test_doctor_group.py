@@ -17,7 +17,16 @@ def report(rank: int, gid: int = 3, mtu: tuple = (4096, 9000), source: str = "10
                        "netdev": "enp1s0f1np1", "active_mtu": mtu[0], "netdev_mtu": mtu[1], "networks": ["10.0.0.0/24"]},
                       {"device": "roceP2p1s0f1", "port": 1, "gid_index": gid, "gid": "", "ipv4": f"10.0.1.{rank + 1}",
                        "netdev": "enP2p1s0f1np1", "active_mtu": 4096, "netdev_mtu": 9000, "networks": ["10.0.1.0/24"]}],
-            "route": {"master": "spark0", "source": source, "netdev": "enp1s0f1np1"}, "nccl_gid_index": None, "rows": []}
+            "route": {"master": "spark0", "source": source, "netdev": "enp1s0f1np1"}, "nccl_gid_index": None,
+            "reach": reach(rank, [("rocep1s0f1", f"10.0.0.{rank + 1}", 24), ("roceP2p1s0f1", f"10.0.1.{rank + 1}", 24)]),
+            "rows": []}
+
+
+def reach(rank: int, devices: list[tuple[str, str, int]], state: str = "ACTIVE") -> dict:
+    """A rank's reachability facts as the report carries them: (device, IPv4, prefix) each."""
+    return {"rank": rank, "host": f"spark{rank}", "boot": f"boot{rank}",
+            "devices": [{"name": name, "state": state, "addresses": [{"ip": ip, "prefix": prefix, "gid_index": 3, "gid": ""}]}
+                        for name, ip, prefix in devices]}
 
 
 PINGS = {(0, 1): {"rocep1s0f1": {"us": {"2": 1.6, "16384": 2.9}}, "roceP2p1s0f1": {"us": {"2": 1.7, "16384": 3.0}}}}
@@ -94,4 +103,37 @@ def test_a_ranks_own_failure_is_carried_to_the_verdicts_of_its_pairs():
 
 def test_the_sections_are_a_list_a_new_one_joins():
     names = [c.name for c in group.GROUP_CHECKS]
-    assert names == ["versions", "thresholds", "twins", "rendezvous", "ranks", "ping-pong"]
+    assert names == ["versions", "thresholds", "twins", "rendezvous", "reachability", "ranks", "ping-pong"]
+
+
+def test_reachability_matrix_of_a_pair_and_of_a_ring_of_three():
+    rows = by_item(group.group_rows([report(0), report(1)], PINGS))
+    assert rows["group reachability"].status == OK
+    text = group.reach_matrix_text([report(0), report(1)])
+    assert text.splitlines()[3].split()[-2:] == ["rocep1s0f1+roceP2p1s0f1", "self"], text
+    ring = [report(r) for r in range(3)]  # each box's two ports cabled to its two neighbours, one subnet per cable
+    cables = {0: [("rxe0", "10.77.30.1", 24), ("rxe1", "10.77.32.2", 24)], 1: [("rxe0", "10.77.31.1", 24), ("rxe1", "10.77.30.2", 24)],
+              2: [("rxe0", "10.77.32.1", 24), ("rxe1", "10.77.31.2", 24)]}
+    for r in ring:
+        r["reach"] = reach(r["rank"], cables[r["rank"]])
+    assert by_item(group.check_reach(ring, {}))["group reachability"].status == OK
+    lines = group.reach_matrix_text(ring).splitlines()
+    assert lines[2].split()[-3:] == ["self", "rxe0", "rxe1"] and lines[3].split()[-3:] == ["rxe1", "self", "rxe0"], lines
+
+
+def test_a_pair_without_a_shared_subnet_fails_naming_both_ranks():
+    reports = [report(r) for r in range(3)]
+    reports[2]["reach"] = reach(2, [("rocep1s0f1", "192.168.7.3", 24)])
+    rows = by_item(group.group_rows(reports, {}))
+    row = rows["group reachability"]
+    assert row.status == FAIL and "rank 0 and rank 2, rank 1 and rank 2" in row.finding and "ARXTUNE_RDMA_DEVICES" in row.fix
+    assert rows["verdict 0<->2"].status == FAIL and "group reachability" in rows["verdict 0<->2"].finding
+    assert group.reach_matrix_text(reports).splitlines()[-1].split()[-3:] == ["-", "-", "self"]
+
+
+def test_a_rank_without_devices_makes_reachability_unknown_not_a_crash():
+    reports = [report(0), report(1)]
+    reports[1]["reach"] = {"error": "arx: no RDMA devices (/sys/class/infiniband is empty; load rdma_rxe or a NIC driver)"}
+    row = by_item(group.check_reach(reports, {}))["group reachability"]
+    assert row.status == WARN and "rank 1: arx: no RDMA devices" in row.finding
+    assert group.reach_matrix_text(reports).startswith("reachability: not known (rank 1: arx: no RDMA devices")

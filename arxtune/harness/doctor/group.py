@@ -16,7 +16,7 @@ import ipaddress
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Callable
 
@@ -24,6 +24,7 @@ from arxtune.harness.doctor import pingpong
 from arxtune.harness.doctor.checks import endpoints, run as run_checks
 from arxtune.harness.doctor.host import Host
 from arxtune.harness.doctor.rows import FAIL, INFO, OK, WARN, Row, format_rows
+from arxtune.runtime.rdma.device import read_devices
 
 
 # ---- what each rank says about itself ---------------------------------------------------------------------
@@ -76,6 +77,18 @@ def _route(host: Host, master: str | None, port: int) -> dict:
     return {"master": master, "master_ip": addr[0], "source": source, "netdev": netdev}
 
 
+def _reach(host: Host, rank: int) -> dict:
+    """This rank's RDMA devices with their subnets and link state, as arx shares them at connect (reach.py)."""
+    from arxtune.runtime.rdma import reach
+    from arxtune.runtime.rdma.config import RdmaConfig
+
+    addresses = {name: tuple((str(a.ip), a.network.prefixlen) for a in addrs) for name, addrs in host.ipv4().items()}
+    try:
+        return asdict(reach.local_facts(RdmaConfig.resolve(), rank, devices=read_devices(host.sysfs), addresses=addresses))
+    except Exception as exc:  # no devices, a bad ARXTUNE_RDMA_* setting: the reason, shown in the matrix's section
+        return {"error": " ".join(str(exc).split())}
+
+
 def rank_report(host: Host, rank: int, rows: list[Row]) -> dict:
     """Everything rank 0 compares, as plain data (it crosses the group through gloo)."""
     ports = {(r.data.get("device"), r.data.get("port")): r.data for r in rows if r.data.get("gid_index") is not None}
@@ -88,7 +101,7 @@ def rank_report(host: Host, rank: int, rows: list[Row]) -> dict:
                       "networks": [str(a.network) for a in networks.get(ep.gid.netdev or "", [])]})
     return {"rank": rank, "host": socket.gethostname(), "versions": _versions(host), "thresholds": _thresholds(),
             "twins": twins, "route": _route(host, host.env.get("MASTER_ADDR"), int(host.env.get("MASTER_PORT", "29500"))),
-            "nccl_gid_index": host.env.get("NCCL_IB_GID_INDEX"), "rows": [r.as_dict() for r in rows]}
+            "nccl_gid_index": host.env.get("NCCL_IB_GID_INDEX"), "reach": _reach(host, rank), "rows": [r.as_dict() for r in rows]}
 
 
 # ---- the differences table --------------------------------------------------------------------------------
@@ -238,6 +251,40 @@ def check_pairs(reports: list[dict], pings: dict) -> list[Row]:
     return rows
 
 
+def reach_group(reports: list[dict]) -> list:
+    """Every rank's reach.RankFacts back from the gathered reports; raises ValueError naming a rank that has none."""
+    from arxtune.runtime.rdma.reach import Address, DeviceFacts, RankFacts
+
+    group = []
+    for r in reports:
+        facts = r.get("reach") or {"error": "not reported"}
+        if "error" in facts:
+            raise ValueError(f"rank {r['rank']}: {facts['error']}")
+        devices = tuple(DeviceFacts(d["name"], d["state"], tuple(Address(**a) for a in d["addresses"])) for d in facts["devices"])
+        group.append(RankFacts(facts["rank"], facts["host"], facts["boot"], devices))
+    return group
+
+
+def check_reach(reports: list[dict], pings: dict) -> list[Row]:
+    """Which device of each rank reaches each peer (arx's rule at connect); a pair with none fails, naming both."""
+    from arxtune.runtime.rdma import reach
+
+    try:
+        group = reach_group(reports)
+    except ValueError as exc:
+        return [Row("group reachability", WARN, f"not known: {exc}", "arx needs RDMA devices on every rank: see that rank's rows")]
+    try:
+        reach.check(group)
+    except reach.Unreachable as exc:
+        n = len(group)
+        cut = sorted({r for a in range(n) for b in range(a + 1, n) if not reach.pair_links(group[a], group[b]) for r in (a, b)})
+        return [Row("group reachability", FAIL, str(exc).removeprefix("arx: "),
+                    "cable a port of each such pair into one subnet and bring it up, or set ARXTUNE_RDMA_DEVICES",
+                    {"ranks": cut, "matrix": reach.matrix(group)})]
+    return [Row("group reachability", OK, "every pair of ranks shares a subnet on a working device (matrix above)",
+                data={"matrix": reach.matrix(group)})]
+
+
 def _size(nbytes: int) -> str:
     return f"{nbytes >> 10} KiB" if nbytes >= 1024 else f"{nbytes} B"
 
@@ -254,6 +301,7 @@ GROUP_CHECKS: list[GroupCheck] = [
     GroupCheck("thresholds", check_thresholds),
     GroupCheck("twins", check_twins),
     GroupCheck("rendezvous", check_route),
+    GroupCheck("reachability", check_reach),
     GroupCheck("ranks", check_ranks),
     GroupCheck("ping-pong", check_pairs),
 ]
@@ -281,6 +329,16 @@ def group_rows(reports: list[dict], pings: dict) -> list[Row]:
         except Exception as exc:
             rows.append(Row(f"group {check.name}", FAIL, f"the check itself failed: {type(exc).__name__}: {exc}"))
     return rows + verdicts(len(reports), rows)
+
+
+def reach_matrix_text(reports: list[dict]) -> str:
+    """The reachability matrix as arx would see it at connect, or why it is not known."""
+    from arxtune.runtime.rdma import reach
+
+    try:
+        return "reachability (devices of the row's rank that reach each peer):\n" + reach.render(reach_group(reports))
+    except ValueError as exc:
+        return f"reachability: not known ({exc})"
 
 
 # ---- running it under torchrun ----------------------------------------------------------------------------
@@ -387,6 +445,8 @@ def run_group(timeout_s: float = 60.0, host: Host | None = None, say=print) -> t
         if rank == 0:
             rows = group_rows(reports, pings)
             say(format_table(reports, table(reports)))
+            say("")
+            say(reach_matrix_text(reports))
             say("")
             say(format_rows(rows))
         stage = "the verdict"

@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.arxtune-installed
 RDMA_STAMP := $(VENV)/.arxtune-rdma
-# The rdma extra's pyverbs: the registry's source built once per version and Python (arxtune/harness/pyverbs_wheel.py).
-PYVERBS_CACHE ?= .cache/pyverbs
+# The rdma extra's pyverbs: the registry's source built once per version, Python and machine
+# (arxtune/harness/pyverbs_wheel.py), kept in the user's cache as pip keeps the wheels it builds.
+PYVERBS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/arxtune/pyverbs
 
 .PHONY: venv venv-rdma run test test-rdma test-vllm test-vllm-guest-engine test-gpu bench clean
 

@@ -65,8 +65,8 @@ pip_ install --quiet "$TORCH_PIN" "$VLLM_PIN"
 say "installing arxtune (editable) with its test deps"
 pip_ install --quiet -e "$ROOT[test]"
 # The rdma extra (the guest leg routes to arx): the same cached wheel as .venv's when the Python is the same.
-say "installing the rdma extra's pyverbs (built once per Python into $ROOT/.cache/pyverbs)"
-"$VENV/bin/python" -m arxtune.harness.pyverbs_wheel install --cache "$ROOT/.cache/pyverbs" >&2
+say "installing the rdma extra's pyverbs (built once per Python and machine, kept in the user's cache)"
+"$VENV/bin/python" -m arxtune.harness.pyverbs_wheel install >&2
 say "removing torchvision torchaudio torchcodec (they need a CUDA torch)"
 pip_ uninstall --quiet -y torchvision torchaudio torchcodec
 "$VENV/bin/python" - <<'EOF'

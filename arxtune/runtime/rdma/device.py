@@ -136,16 +136,25 @@ def select_gid(port: PortInfo, gid_index: int | None = None) -> GidEntry:
     return (routable or candidates)[0]
 
 
-def select_endpoints(cfg: RdmaConfig, devices: list[DeviceInfo]) -> list[Endpoint]:
-    """The devices to use: those named in `cfg`, or else the first usable one."""
+def named_devices(cfg: RdmaConfig, devices: list[DeviceInfo]) -> list[DeviceInfo] | None:
+    """The devices `cfg` names, in its order (None when it names none); raises when there are no devices
+    at all or a named one is missing."""
     if not devices:
         raise RdmaUnavailable("arx: no RDMA devices (/sys/class/infiniband is empty; load rdma_rxe or a NIC driver)")
+    if not cfg.devices:
+        return None
     by_name = {d.name: d for d in devices}
-    if cfg.devices:
-        missing = [n for n in cfg.devices if n not in by_name]
-        if missing:
-            raise RdmaUnavailable(f"arx: RDMA device(s) {', '.join(missing)} not found; present: {', '.join(by_name)}")
-        return [_endpoint(by_name[n], cfg) for n in cfg.devices]
+    missing = [n for n in cfg.devices if n not in by_name]
+    if missing:
+        raise RdmaUnavailable(f"arx: RDMA device(s) {', '.join(missing)} not found; present: {', '.join(by_name)}")
+    return [by_name[n] for n in cfg.devices]
+
+
+def select_endpoints(cfg: RdmaConfig, devices: list[DeviceInfo]) -> list[Endpoint]:
+    """The devices to use: those named in `cfg`, or else the first usable one."""
+    named = named_devices(cfg, devices)
+    if named is not None:
+        return [_endpoint(dev, cfg) for dev in named]
     reasons = []
     for dev in devices:
         try:

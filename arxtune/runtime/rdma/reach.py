@@ -21,7 +21,7 @@ import socket
 from dataclasses import dataclass, field
 
 from arxtune.runtime.rdma.config import RdmaConfig
-from arxtune.runtime.rdma.device import DeviceInfo, boot_id, ipv4_addresses, read_devices
+from arxtune.runtime.rdma.device import DeviceInfo, boot_id, ipv4_addresses, named_devices, read_devices
 from arxtune.runtime.rdma.errors import RdmaUnavailable
 
 
@@ -97,19 +97,12 @@ def local_facts(cfg: RdmaConfig, rank: int, devices: list[DeviceInfo] | None = N
     each with its port state and the IPv4 addresses (with prefix) its RoCE v2 GIDs carry.
     Arguments left None are read here (sysfs, rtnetlink, the boot id)."""
     devices = read_devices() if devices is None else devices
-    if not devices:
-        raise RdmaUnavailable("arx: no RDMA devices (/sys/class/infiniband is empty; load rdma_rxe or a NIC driver)")
-    by_name = {d.name: d for d in devices}
-    if cfg.devices:
-        missing = [n for n in cfg.devices if n not in by_name]
-        if missing:
-            raise RdmaUnavailable(f"arx: RDMA device(s) {', '.join(missing)} not found; present: {', '.join(by_name)}")
-        chosen = [by_name[n] for n in cfg.devices]
-    else:
+    chosen = named_devices(cfg, devices)
+    if chosen is None:
         chosen = [d for d in devices if (p := d.port(cfg.port)) is not None and p.link_layer == "Ethernet"]
         if not chosen:
             raise RdmaUnavailable(f"arx: no RDMA device has an Ethernet (RoCE) port {cfg.port}: "
-                                  f"{', '.join(sorted(by_name))}; set ARXTUNE_RDMA_PORT or ARXTUNE_RDMA_DEVICES")
+                                  f"{', '.join(sorted(d.name for d in devices))}; set ARXTUNE_RDMA_PORT or ARXTUNE_RDMA_DEVICES")
     if addresses is None:
         try:
             addresses = ipv4_addresses()

@@ -186,7 +186,10 @@ def test_nccl_decode_samples_put_the_busy_kernel_before_each_call_from_the_c_loo
     timer = CudaDecodeTimer(busy_us=200.0, ops_per_sample=5)
     timer.prepare(rotation)
     decode_us = sorted(timer.time_once(rotation) for _ in range(11))[5]
-    assert decode_us == pytest.approx(eager_us, rel=0.2), (decode_us, eager_us)  # 16 MiB: bound by the GPU either way
+    # 16 MiB is bound by the GPU either way: the busy kernel's time is taken out (not hundreds of us) and the call
+    # is not hidden under it (not near zero). It may read below eager (an H100: 10.0 against 13.6 us), the GPU
+    # kept busy between calls.
+    assert 0.5 * eager_us <= decode_us <= 1.2 * eager_us, (decode_us, eager_us)
     torch.cuda.synchronize()
     for out in outs:
         assert mismatch(out, expected_output("all_reduce", count, 0, 1, torch.bfloat16)) is None

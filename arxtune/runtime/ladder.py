@@ -37,16 +37,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from arxtune.runtime import env
 from arxtune.runtime.backends.base import Backend, GroupContext
-from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, clearly_faster, undecided
+from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, clearly_faster
 from arxtune.runtime.fingerprint import host_facts, nccl_version
-from arxtune.runtime.distributed import all_max, gather_objects, max_per_iteration
-from arxtune.runtime.ops import DTYPES, OP_SPECS, OPS, elements_per_rank, expected_output, make_input, mismatch
+from arxtune.runtime.distributed import all_max, gather_objects
+from arxtune.runtime.ops import DTYPES, OP_SPECS, OPS, elements_per_rank, expected_output, make_input
+from arxtune.runtime.rounds import Entry, Plan, Rounds
 from arxtune.runtime.thresholds import Range, Table, Thresholds, merge_adjacent, ranges_from_points
-from arxtune.runtime.timing import CudaBackToBackTimer, CudaGraphTimer, WallTimer
+from arxtune.runtime.timing import has_timer, make_timer
 from arxtune.runtime.units import format_bytes
 
 log = logging.getLogger("arxtune")
@@ -68,14 +68,6 @@ MEASURE_SHARE = 0.85
 MAX_EXTRA_ROUNDS = 8
 #: A sample holds as many calls as fit this long (1 to MAX_CALLS_PER_SAMPLE), from the checked call's time.
 SAMPLE_US, MAX_CALLS_PER_SAMPLE = 2000.0, 20
-#: (device type, mode) -> timer with `calls` calls per sample; a mode with no entry is not laddered.
-TIMERS = {
-    ("cpu", "eager"): lambda calls: WallTimer("eager", calls),
-    ("cuda", "eager"): CudaBackToBackTimer,
-    ("cuda", "graph"): CudaGraphTimer,
-}
-
-
 #: Device type -> built-in backends a communicator without a file compares with its baseline under `adjust`
 #: (site backends from ARXTUNE_EXTRA_BACKENDS join them); few, since each is opened and timed at start-up.
 CANDIDATES = {"cpu": ("vllm_cpu",), "cuda": ("symm_mem", "vllm_custom_ar")}
@@ -312,121 +304,46 @@ class Prober:
         """Seconds since the ladder began, the slowest rank's (so every rank decides alike)."""
         return all_max(time.monotonic() - self.start, self.ctx.cpu_group)
 
-    def _sync(self) -> None:
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
-
-    def _agreed(self, local: dict[str, str]) -> dict[str, str]:
-        """Per backend, the first rank's failure ('' when every rank succeeded)."""
-        answers = gather_objects(local, self.ctx.cpu_group)
-        return {name: next((f"rank {r}: {a[name]}" for r, a in enumerate(answers) if a.get(name)), "") for name in local}
-
-    def measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float,
+    def measure(self, names: list[str], op: str, dtype: str, view: str, nbytes: int, share_s: float,
                 incumbent: str | None = None) -> dict[str, Measured] | None:
         """Each named backend at this size, or None when the budget is spent (then on every rank).
         Where `incumbent` and a challenger are close after the rounds, more rounds follow (within bounds)."""
-        key = lambda name: (name, op, dtype, mode, nbytes)  # noqa: E731
+        key = lambda name: (name, op, dtype, view, nbytes)  # noqa: E731
         todo = [n for n in names if key(n) not in self.points]
         if todo:
             spent = self.spent()
             if spent >= self.budget:
                 return None
-            self._measure(todo, op, dtype, mode, nbytes, min(share_s, self.budget - spent), incumbent)
+            self._measure(todo, op, dtype, view, nbytes, min(share_s, self.budget - spent), incumbent)
         if not all(key(n) in self.points for n in names):
             return None
         return {n: self.points[key(n)] for n in names}
 
-    def _measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float,
+    def _measure(self, names: list[str], op: str, dtype: str, view: str, nbytes: int, share_s: float,
                  incumbent: str | None = None) -> None:
         ctx, torch_dtype = self.ctx, DTYPES[dtype]
         n = elements_per_rank(op, nbytes, ctx.world_size, torch_dtype.itemsize)
         inp = make_input(op, n, ctx.rank, ctx.world_size, torch_dtype, ctx.device)
         want = expected_output(op, n, ctx.rank, ctx.world_size, torch_dtype)
-        outs = {name: torch.empty(OP_SPECS[op].shapes(n, ctx.world_size)[1], dtype=torch_dtype, device=ctx.device) for name in names}
-        calls, took, local = {}, {}, {}
-        for name in names:  # the check: one call each, exact result, its time sizes the samples
-            backend, local[name] = self.backends[name], ""
-            try:
-                bind = getattr(backend, "bind", None)
-                calls[name] = bind(op, inp, outs[name]) if bind else (lambda b=backend, o=outs[name]: getattr(b, op)(inp, o))
-                begin = time.perf_counter()
-                calls[name]()
-                self._sync()
-                took[name] = time.perf_counter() - begin
-                local[name] = mismatch(outs[name], want) or ""
-                local[name] = f"wrong result: {local[name]}" if local[name] else ""
-            except Exception as exc:  # a backend's failure is its loss, never start-up's
-                local[name] = f"{type(exc).__name__}: {exc}"
-        failed = self._agreed(local)
-        cost = {name: all_max(took.get(name, 0.0), ctx.cpu_group) for name in names}
-        live = [name for name in names if not failed[name]]
-        per_call = {name: max(cost[name], 1e-6) for name in live}
-        sample_calls = {name: max(1, min(MAX_CALLS_PER_SAMPLE, int(SAMPLE_US * 1e-6 / per_call[name]))) for name in live}
-        sample_s = sum(sample_calls[name] * per_call[name] for name in live) or 1e-6
-        rounds = min(ROUNDS, int(share_s / sample_s))
-        if len(live) < 2 or rounds < MIN_ROUNDS:
-            for name in names:  # one correct backend needs no rounds: its checked call is its one sample
-                if failed[name] or len(live) == 1:
-                    self._record(name, op, dtype, mode, nbytes, failed[name], [] if failed[name] else [[cost[name] * 1e6]])
-            return  # two left and no time for two rounds: not measured, so not judged
-        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(share_s / (2 * rounds * sample_s))))
-        timers, local = {}, {name: "" for name in live}
-        for name in live:
-            try:
-                timers[name] = TIMERS[(ctx.device.type, mode)](sample_calls[name])
-                timers[name].prepare(calls[name])
-                outs[name].zero_()  # the timed calls must write the result again: checked after the rounds
-            except Exception as exc:
-                local[name] = f"{type(exc).__name__}: {exc}"
-        failed.update(self._agreed(local))
-        live = [name for name in live if not failed[name]]
-        samples = {name: [] for name in live}
-        size_start = self.spent() if incumbent in live else 0.0
 
-        def more(done: int) -> bool:
-            """Another round where the incumbent and a challenger are still close, within this size's
-            share, the budget and MAX_EXTRA_ROUNDS (the same answer on every rank)."""
-            ok = {n: PointTimes.from_rounds(samples[n]) for n in live if not failed[n] and samples[n]}
-            if done >= rounds + MAX_EXTRA_ROUNDS or incumbent not in ok or not any(
-                    undecided(t, ok[incumbent], self.margin) for n, t in ok.items() if n != incumbent):
-                return False
-            spent = self.spent()
-            return spent < self.budget and spent - size_start < share_s
+        def timer(first_s: float):
+            """As many calls a sample as fit SAMPLE_US by the checked call's time (1 to MAX_CALLS_PER_SAMPLE)."""
+            calls = max(1, min(MAX_CALLS_PER_SAMPLE, int(SAMPLE_US * 1e-6 / max(first_s, 1e-6))))
+            return make_timer(ctx.device, view, nbytes, calls=calls)
 
-        r = 0
-        while r < rounds or more(r):
-            for name in (live if r % 2 == 0 else live[::-1]):
-                if failed[name]:
-                    continue
-                mine = []
-                for _ in range(per_round):
-                    try:
-                        dist.barrier(group=ctx.cpu_group)
-                        mine.append(timers[name].time_once(calls[name]))
-                    except Exception as exc:
-                        failed[name] = f"{type(exc).__name__} while timed: {exc}"
-                        break
-                mine += [math.inf] * (per_round - len(mine))  # a failure on any rank reaches every rank as inf
-                slowest = max_per_iteration(mine, ctx.cpu_group)
-                if not all(math.isfinite(s) for s in slowest):
-                    failed[name] = failed[name] or "failed while timed on another rank"
-                samples[name].append(slowest)
-            r += 1
-            if MIN_ROUNDS <= r < rounds and self.spent() >= self.budget:
-                break  # the budget is spent: the rounds so far decide (every rank stops after the same round)
-        local = {}
-        for name in live:
-            if not failed[name]:
-                self._sync()
-                bad = mismatch(outs[name], want)
-                local[name] = f"wrong result after timing: {bad}" if bad else ""
-        failed.update({k: v for k, v in self._agreed(local).items() if v})
+        entries = []
         for name in names:
-            self._record(name, op, dtype, mode, nbytes, failed[name], samples.get(name, []))
-
-    def _record(self, name: str, op: str, dtype: str, mode: str, nbytes: int, error: str, rounds: list[list[float]]) -> None:
-        status = "ok" if not error else ("wrong" if error.split(": ", 1)[-1].startswith("wrong") else "error")
-        self.points[(name, op, dtype, mode, nbytes)] = Measured(name, status, [list(r) for r in rounds], error)
+            backend = self.backends[name]
+            out = torch.empty(OP_SPECS[op].shapes(n, ctx.world_size)[1], dtype=torch_dtype, device=ctx.device)
+            bind = getattr(backend, "bind", None)
+            call = bind(op, inp, out) if bind else (lambda b=backend, o=out: getattr(b, op)(inp, o))
+            entries.append(Entry(name, call, [out], want, timer, getattr(backend, "check", None), (inp,)))
+        budget = _SizeBudget(self, share_s)
+        for name, got in Rounds(ctx, self.margin).measure(entries, budget, incumbent).items():
+            if got.status == "ok" and not got.rounds:  # one correct backend needs no rounds: its estimate is its one sample
+                got.rounds = [[got.estimate_us]]
+            if got.status:  # '': two left and no time for two rounds: not measured, so not judged
+                self.points[(name, op, dtype, view, nbytes)] = Measured(name, got.status, got.rounds, got.error)
 
     def failed(self) -> dict[tuple[str, str, str], str]:
         """(backend, op, dtype) -> its first failure, with the size and mode: what the router takes out for good."""
@@ -435,6 +352,36 @@ class Prober:
             if got.status != "ok":
                 found.setdefault((name, op, dtype), f"start-up ladder, {mode} at {format_bytes(nbytes)}: {got.error}")
         return found
+
+
+class _SizeBudget:
+    """The ladder's budget at one size: ROUNDS rounds (fewer when `share_s` is short, never under MIN_ROUNDS) of
+    at most MAX_SAMPLES_PER_ROUND samples, ending early once the whole budget is spent; extra rounds while the
+    incumbent and a challenger are close, within the size's share, the budget and MAX_EXTRA_ROUNDS."""
+
+    warmup_calls = 0  # the checked call and the estimate samples warm it up
+
+    def __init__(self, prober: Prober, share_s: float):
+        self.prober, self.share_s, self.size_start = prober, share_s, 0.0
+
+    def plan(self, per_sample_s: dict[str, float]) -> Plan | None:
+        if len(per_sample_s) < 2:
+            return Plan(0, {})  # one correct backend is not compared: no rounds
+        sample_s = sum(per_sample_s.values()) or 1e-6
+        rounds = min(ROUNDS, int(self.share_s / sample_s))
+        if rounds < MIN_ROUNDS:
+            return None
+        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(self.share_s / (2 * rounds * sample_s))))
+        self.size_start = self.prober.spent()
+        return Plan(rounds, {name: per_round for name in per_sample_s})
+
+    def another(self, done: int, plan: Plan, close) -> bool:
+        if done < plan.rounds:  # the budget spent: the rounds so far decide (every rank stops after the same round)
+            return done < MIN_ROUNDS or self.prober.spent() < self.prober.budget
+        if done >= plan.rounds + MAX_EXTRA_ROUNDS or not close():
+            return False
+        spent = self.prober.spent()
+        return spent < self.prober.budget and spent - self.size_start < self.share_s
 
 
 # -- the ladder as a whole
@@ -453,7 +400,8 @@ class Outcome:
 
 
 def modes_for(device: torch.device) -> tuple[str, ...]:
-    return tuple(m for m in ("eager", "graph") if (device.type, m) in TIMERS)
+    """The table modes the ladder checks on this device: those timed by a view of the same name (timing.TIMERS)."""
+    return tuple(m for m in ("eager", "graph") if has_timer(device, m))
 
 
 def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Backend], status: dict[str, dict],

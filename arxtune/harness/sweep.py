@@ -39,7 +39,9 @@ from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, 
 from arxtune.harness.launch import JOINED_LINE, RUN_PREFIX, tell_launcher
 from arxtune.harness.nccl_facts import LogCapture
 from arxtune.runtime.decision import DEFAULT_MARGIN
+from arxtune.runtime.fingerprint import nccl_version
 from arxtune.runtime.rounds import Entry, Plan, Rounds
+from arxtune.runtime.runs import now
 from arxtune.runtime.timing import Timer, has_timer, make_timer
 
 #: Fewest samples a backend contributes to one round.
@@ -70,10 +72,6 @@ def new_run_id(world_size: int, device_type: str) -> str:
     """Time to the microsecond plus a random tag: two sweeps started together never pick the same id."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
     return f"{stamp}-{platform.node() or 'host'}-w{world_size}-{device_type}-{secrets.token_hex(2)}"
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
@@ -286,9 +284,9 @@ def run(config: SweepConfig, run_id: str | None = None, resume: str | None = Non
 def _new_meta(config: SweepConfig, ctx: GroupContext, run_id: str, baseline: str, hosts: list[dict]) -> RunMeta:
     return RunMeta(
         run_id=run_id, world_size=ctx.world_size,
-        device_type=ctx.device.type, config=config.to_dict(), baseline=baseline, started=_now(),
+        device_type=ctx.device.type, config=config.to_dict(), baseline=baseline, started=now(),
         arxtune_version=__version__, torch_version=torch.__version__,
-        nccl_version=".".join(map(str, torch.cuda.nccl.version())) if ctx.device.type == "cuda" else None,
+        nccl_version=nccl_version(ctx.device),
         hostnames=[h["hostname"] for h in hosts], device_names=[h["device"] for h in hosts],
         driver_version=hosts[0]["driver"], rdma_devices=hosts[0]["rdma_devices"], command=shlex.join(sys.argv))
 
@@ -375,7 +373,7 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
         nccl_used = _nccl_used(ctx, nccl_log)
         if writer:
             writer.meta.nccl_used = nccl_used
-            writer.meta.finished = _now()
+            writer.meta.finished = now()
             writer.write_meta()
         if nccl_log and nccl_log.settings:  # our own log, read: nothing in it the run does not hold
             nccl_log.path(socket.gethostname(), os.getpid()).unlink(missing_ok=True)

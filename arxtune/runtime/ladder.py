@@ -26,7 +26,6 @@ measured as a small run in the results format (ARXTUNE_BOOT_OUT, else
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from arxtune.runtime import env
+from arxtune.runtime import env, runs
 from arxtune.runtime.backends.base import Backend, GroupContext
 from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, clearly_faster
 from arxtune.runtime.fingerprint import host_facts, nccl_version
@@ -412,7 +411,7 @@ def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Ba
     deployment without a file may choose from beside `baseline`; `since`: the
     monotonic time the budget started (before opening what only the ladder needs).
     """
-    budget, started = budget_s(), _now()
+    budget, started = budget_s(), runs.now()
     prober = Prober(ctx, backends, budget * MEASURE_SHARE, thresholds.margin if thresholds else DEFAULT_MARGIN, since)
     if thresholds is None:
         outcome = _build(ctx, prober, mode, candidates, baseline, dtypes)
@@ -510,50 +509,30 @@ def _build(ctx: GroupContext, prober: Prober, mode: str, candidates: tuple[str, 
 # -- evidence
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, status: dict, mode: str,
+def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, status: dict, policy: str,
               hosts: list[dict] | None = None) -> str:
-    """What was measured, as a run in the results format (meta.json + points.csv); a failure is a warning."""
-    import csv
-    import io
-
+    """What was measured, as a run in the results format (runtime.runs); a failure is a warning."""
     from arxtune import __version__
-    from arxtune.runtime.fileio import Staged
 
     records = sorted(prober.points.items())
     if not records:
         return ""
     run_id = f"boot-w{ctx.world_size}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}"
-    path = out_dir() / run_id
     used = {name for (name, *_), _ in records}
-    meta = {"run_id": run_id, "world_size": ctx.world_size, "device_type": ctx.device.type, "baseline": baseline,
-            "config": {"step_factor": 2.0}, "started": started, "finished": _now(), "version": 3,
-            "arxtune_version": __version__, "torch_version": torch.__version__, "nccl_version": nccl_version(ctx.device),
-            "driver_version": hosts[0]["driver"] if hosts else None, "rdma_devices": hosts[0]["rdma_devices"] if hosts else [],
-            "hostnames": [h["hostname"] for h in hosts or []], "device_names": [h["device"] for h in hosts or []],
-            "fabric_floor_us": None,
-            "command": f"start-up ladder ({env.BOOT.name}={mode})",
-            "backends": {name: {k: v for k, v in status.get(name, {"available": True, "reason": ""}).items()
-                                if k in ("available", "reason", "capturable", "ops", "capacity", "options")} for name in sorted(used)}}
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"])
-    for (name, op, dtype, m, nbytes), got in records:
-        flat = [s for r in got.rounds for s in r] if got.ok else []
-        writer.writerow([name, op, dtype, m, nbytes, nbytes, ctx.world_size, got.status,
-                         len(flat), " ".join(str(len(r)) for r in got.rounds) if got.ok else "",
-                         " ".join(f"{s:.3f}" for s in flat), " ".join(got.error.split())])
+    meta = runs.RunMeta(
+        run_id=run_id, world_size=ctx.world_size, device_type=ctx.device.type, config={"step_factor": 2.0}, baseline=baseline,
+        started=started, finished=runs.now(), arxtune_version=__version__, torch_version=torch.__version__,
+        nccl_version=nccl_version(ctx.device), driver_version=hosts[0]["driver"] if hosts else None,
+        rdma_devices=hosts[0]["rdma_devices"] if hosts else [], hostnames=[h["hostname"] for h in hosts or []],
+        device_names=[h["device"] for h in hosts or []], command=f"start-up ladder ({env.BOOT.name}={policy})",
+        backends={name: {k: v for k, v in status.get(name, {"available": True, "reason": ""}).items()
+                         if k in ("available", "reason", "capturable", "ops", "capacity", "options")} for name in sorted(used)})
+    points = [runs.PointRecord(name, op, dtype, view, nbytes, nbytes, ctx.world_size, got.status,
+                               tuple(s for r in got.rounds for s in r) if got.ok else (), " ".join(got.error.split()),
+                               tuple(len(r) for r in got.rounds) if got.ok else ())
+              for (name, op, dtype, view, nbytes), got in records]
     try:
-        path.mkdir(parents=True, exist_ok=False)
-        with Staged() as staged:  # a run is its two files together, or nothing
-            staged.write_text(path / "points.csv", text.getvalue(), "ladder points")
-            staged.write_text(path / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n", "ladder metadata")
+        return str(runs.write_run(out_dir(), meta, points))
     except Exception as exc:  # evidence is worth a warning, never a failed start-up
-        log.warning("arxtune: start-up ladder: cannot write its run to %s (%s)", path, exc)
-        if path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
+        log.warning("arxtune: start-up ladder: cannot write its run to %s (%s)", out_dir() / run_id, exc)
         return ""
-    return str(path)

@@ -50,7 +50,10 @@ from arxtune.runtime.units import format_bytes
 
 log = logging.getLogger("arxtune")
 
+#: What the ladder does with a file (ARXTUNE_BOOT): its policy. A table's "mode" (eager, graph) is the runtime's word.
 POLICIES = ("off", "check", "adjust")
+#: The view (how a point is timed; the results' view column) that times a table of each mode.
+VIEW_OF_MODE = {"eager": "eager", "graph": "graph"}
 KiB, MiB = 1024, 1024 * 1024
 #: Sizes probed around a boundary at b bytes: b/2 (the lower side), b and 2b (the upper side; lo is inclusive).
 PROBE_FACTORS = (0.5, 1, 2)
@@ -288,7 +291,7 @@ def coarse_tables(world: int, choices: dict[tuple[str, str], list[tuple[int, str
 
 
 class Prober:
-    """Times backends at one (op, dtype, mode, size) on the group, within the budget; every rank calls it alike."""
+    """Times backends at one (op, dtype, view, size) on the group, within the budget; every rank calls it alike."""
 
     def __init__(self, ctx: GroupContext, backends: dict[str, Backend], budget: float, margin: float = DEFAULT_MARGIN,
                  start: float | None = None):
@@ -297,7 +300,7 @@ class Prober:
         self.budget = budget
         self.margin = margin  # what `undecided` judges closeness by
         self.start = time.monotonic() if start is None else start  # earlier where opening the candidates counts
-        self.points: dict[tuple, Measured] = {}  # (backend, op, dtype, mode, nbytes) -> what was measured, in order
+        self.points: dict[tuple, Measured] = {}  # (backend, op, dtype, view, nbytes) -> what was measured, in order
 
     def spent(self) -> float:
         """Seconds since the ladder began, the slowest rank's (so every rank decides alike)."""
@@ -345,11 +348,11 @@ class Prober:
                 self.points[(name, op, dtype, view, nbytes)] = Measured(name, got.status, got.rounds, got.error)
 
     def failed(self) -> dict[tuple[str, str, str], str]:
-        """(backend, op, dtype) -> its first failure, with the size and mode: what the router takes out for good."""
+        """(backend, op, dtype) -> its first failure, with the size and view: what the router takes out for good."""
         found: dict[tuple[str, str, str], str] = {}
-        for (name, op, dtype, mode, nbytes), got in self.points.items():
+        for (name, op, dtype, view, nbytes), got in self.points.items():
             if got.status != "ok":
-                found.setdefault((name, op, dtype), f"start-up ladder, {mode} at {format_bytes(nbytes)}: {got.error}")
+                found.setdefault((name, op, dtype), f"start-up ladder, {view} at {format_bytes(nbytes)}: {got.error}")
         return found
 
 
@@ -400,11 +403,11 @@ class Outcome:
 
 def modes_for(device: torch.device) -> tuple[str, ...]:
     """The table modes the ladder checks on this device: those timed by a view of the same name (timing.TIMERS)."""
-    return tuple(m for m in ("eager", "graph") if has_timer(device, m))
+    return tuple(m for m in VIEW_OF_MODE if has_timer(device, VIEW_OF_MODE[m]))
 
 
 def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Backend], status: dict[str, dict],
-        mode: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...] = (), since: float | None = None) -> Outcome:
+        policy: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...] = (), since: float | None = None) -> Outcome:
     """The whole ladder on an opened group (a collective on ctx.cpu_group); rank 0's verdict for every rank.
 
     `backends` are open on every rank (agreed); `candidates` are what a
@@ -414,9 +417,9 @@ def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Ba
     budget, started = budget_s(), runs.now()
     prober = Prober(ctx, backends, budget * MEASURE_SHARE, thresholds.margin if thresholds else DEFAULT_MARGIN, since)
     if thresholds is None:
-        outcome = _build(ctx, prober, mode, candidates, baseline, dtypes)
+        outcome = _build(ctx, prober, policy, candidates, baseline, dtypes)
     else:
-        outcome = _check(ctx, prober, thresholds, mode, backends, status)
+        outcome = _check(ctx, prober, thresholds, policy, backends, status)
     outcome.failed = prober.failed()
     outcome.line += f" in {prober.spent():.2f} s of {budget:g}"
     answers = gather_objects((outcome if ctx.rank == 0 else None, host_facts(ctx.device)), ctx.cpu_group)
@@ -424,12 +427,12 @@ def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Ba
     if ctx.rank == 0:
         for warning in outcome.warnings:
             log.warning("arxtune: %s", warning)
-        outcome.run_path = write_run(ctx, prober, thresholds.baseline if thresholds else baseline, started, status, mode,
+        outcome.run_path = write_run(ctx, prober, thresholds.baseline if thresholds else baseline, started, status, policy,
                                      [facts for _, facts in answers])
     return outcome
 
 
-def _check(ctx: GroupContext, prober: Prober, thresholds: Thresholds, mode: str, backends: dict, status: dict) -> Outcome:
+def _check(ctx: GroupContext, prober: Prober, thresholds: Thresholds, policy: str, backends: dict, status: dict) -> Outcome:
     margin = thresholds.margin
     tables = [t for t in thresholds.tables if t.world_size == ctx.world_size and t.mode in modes_for(ctx.device)]
     plan, verdicts = [], []
@@ -447,39 +450,39 @@ def _check(ctx: GroupContext, prober: Prober, thresholds: Thresholds, mode: str,
         for size in sizes:
             share = max(0.0, prober.budget - prober.spent()) / max(left, 1)
             left -= 1
-            got = prober.measure([b.below, b.above], b.op, b.dtype, b.mode, size, share, b.choice(size))
+            got = prober.measure([b.below, b.above], b.op, b.dtype, VIEW_OF_MODE[b.mode], size, share, b.choice(size))
             if got is not None:
                 points[size] = got
         verdicts.append(judge(b, sizes, points, margin))
-    return _verdict_outcome(thresholds, verdicts, mode, ctx.world_size)
+    return _verdict_outcome(thresholds, verdicts, policy, ctx.world_size)
 
 
 def _reason(status: dict, names: list[str]) -> str:
     return "; ".join(status.get(n, {}).get("reason", "") or "not opened" for n in names)
 
 
-def _verdict_outcome(thresholds: Thresholds, verdicts: list[Judged], mode: str, world: int) -> Outcome:
+def _verdict_outcome(thresholds: Thresholds, verdicts: list[Judged], policy: str, world: int) -> Outcome:
     counts = {v: sum(j.verdict == v for j in verdicts) for v in ("held", "moved", "unclear", "out", "not judged")}
     warnings = [f"start-up ladder contradicts {j.boundary.describe()}: the other side wins ({j.evidence})"
-                + ("; moved to " + format_bytes(j.new) if mode == "adjust" else
+                + ("; moved to " + format_bytes(j.new) if policy == "adjust" else
                    f"; the file is used as it is ({env.BOOT.name}=adjust would move it to {format_bytes(j.new)})")
                 for j in verdicts if j.verdict == "moved"]
     if not verdicts:
-        return Outcome(thresholds, f"ladder {mode}: no boundary to check")
-    said = {"held": "held", "moved": "moved" if mode == "adjust" else "contradicted", "unclear": "unclear", "out": "out",
+        return Outcome(thresholds, f"ladder {policy}: no boundary to check")
+    said = {"held": "held", "moved": "moved" if policy == "adjust" else "contradicted", "unclear": "unclear", "out": "out",
             "not judged": "not judged"}
     head = ", ".join(f"{n} {said[v]}" for v, n in counts.items() if n)
-    detail = "; ".join(j.describe(mode == "adjust") for j in verdicts)
+    detail = "; ".join(j.describe(policy == "adjust") for j in verdicts)
     moved = any(j.verdict == "moved" for j in verdicts)
-    use = adjusted(thresholds, verdicts, world) if mode == "adjust" and moved else thresholds
-    return Outcome(use, f"ladder {mode}: {len(verdicts)} boundaries, {head} ({detail})", warnings)
+    use = adjusted(thresholds, verdicts, world) if policy == "adjust" and moved else thresholds
+    return Outcome(use, f"ladder {policy}: {len(verdicts)} boundaries, {head} ({detail})", warnings)
 
 
-def _build(ctx: GroupContext, prober: Prober, mode: str, candidates: tuple[str, ...], baseline: str,
+def _build(ctx: GroupContext, prober: Prober, policy: str, candidates: tuple[str, ...], baseline: str,
            dtypes: tuple[str, ...]) -> Outcome:
     """No file: under `adjust`, tables from the coarse grid between the baseline and each candidate."""
-    if mode != "adjust":
-        return Outcome(None, f"ladder {mode}: no thresholds file, nothing to check ({env.BOOT.name}=adjust builds tables)")
+    if policy != "adjust":
+        return Outcome(None, f"ladder {policy}: no thresholds file, nothing to check ({env.BOOT.name}=adjust builds tables)")
     challengers = [n for n in candidates if n != baseline and n in prober.backends]
     if baseline not in prober.backends or not challengers:
         return Outcome(None, f"ladder adjust: no thresholds file and no backend beside {baseline} to compare; {baseline} serves")

@@ -40,7 +40,7 @@ from arxtune.harness.launch import JOINED_LINE, RUN_PREFIX, tell_launcher
 from arxtune.harness.nccl_facts import LogCapture
 from arxtune.runtime.decision import DEFAULT_MARGIN
 from arxtune.runtime.fingerprint import nccl_version
-from arxtune.runtime.rounds import Entry, Plan, Rounds
+from arxtune.runtime.rounds import ESTIMATE_SAMPLES, Entry, Plan, Rounds
 from arxtune.runtime.runs import now
 from arxtune.runtime.timing import Timer, has_timer, make_timer
 
@@ -166,6 +166,7 @@ class SweepBudget:
     (within min_iters..max_iters), up to `max_extra_rounds` more while the baseline and a challenger are close."""
 
     config: SweepConfig
+    estimate_samples = ESTIMATE_SAMPLES
 
     @property
     def warmup_calls(self) -> int:

@@ -361,7 +361,8 @@ class _SizeBudget:
     at most MAX_SAMPLES_PER_ROUND samples, ending early once the whole budget is spent; extra rounds while the
     incumbent and a challenger are close, within the size's share, the budget and MAX_EXTRA_ROUNDS."""
 
-    warmup_calls = 0  # the checked call and the estimate samples warm it up
+    warmup_calls = 0  # the checked call and the estimate sample warm it up
+    estimate_samples = 1  # a slow backend's samples cost start-up time: one estimates it
 
     def __init__(self, prober: Prober, share_s: float):
         self.prober, self.share_s, self.size_start = prober, share_s, 0.0

@@ -34,7 +34,7 @@ from arxtune.runtime.distributed import gather_objects, max_per_iteration
 from arxtune.runtime.ops import mismatch
 from arxtune.runtime.timing import Timer
 
-#: Barrier-aligned samples that estimate a backend's time per sample, after its warm-up.
+#: Barrier-aligned samples that estimate a backend's time per sample, after its warm-up (a budget may take fewer).
 ESTIMATE_SAMPLES = 3
 
 
@@ -83,6 +83,7 @@ class Budget(Protocol):
     must answer alike (from agreed values, or a collective every rank calls)."""
 
     warmup_calls: int
+    estimate_samples: int
 
     def plan(self, per_sample_s: dict[str, float]) -> Plan | None:
         """Rounds for the backends still live ({name: wall seconds per sample}); None: not measured at all."""
@@ -139,7 +140,7 @@ class Rounds:
         status, message, took_all = self._agree(status, message, took)
         return (Result(entry.name, status, error=message) if status != "ok" else None), max(took_all)
 
-    def warm_up(self, entry: Entry, first_s: float, calls: int) -> tuple[Result | None, Timer | None, float, float]:
+    def warm_up(self, entry: Entry, first_s: float, calls: int, estimates: int = ESTIMATE_SAMPLES) -> tuple[Result | None, Timer | None, float, float]:
         """Warm-up calls, the timer's own preparation and the estimate samples: (a failure Result or None, the
         timer, wall seconds per sample with its barrier, microseconds per call), both the slowest rank's."""
         status, message, estimate, timer = "ok", "", (0.0, 0.0), None
@@ -150,7 +151,7 @@ class Rounds:
             self._sync()
             timer.prepare(entry.call)
             walls, per_call = [], []
-            for _ in range(ESTIMATE_SAMPLES):
+            for _ in range(estimates):
                 start = time.perf_counter()
                 dist.barrier(group=self.ctx.cpu_group)
                 per_call.append(timer.time_once(entry.call))
@@ -208,7 +209,7 @@ class Rounds:
         for entry in entries:
             failed, first_s = self.first_call(entry)
             if failed is None:
-                failed, timer, wall_s, per_call_us = self.warm_up(entry, first_s, budget.warmup_calls)
+                failed, timer, wall_s, per_call_us = self.warm_up(entry, first_s, budget.warmup_calls, budget.estimate_samples)
             if failed is not None:
                 results[entry.name] = failed
                 continue

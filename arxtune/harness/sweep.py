@@ -1,10 +1,11 @@
 """The harness: every rank runs this under torchrun; only rank 0 writes.
 
-Per point (op, dtype, view, size) every backend is checked against an exact
-reference and warmed up, its iteration count chosen from a short estimate so
-sampling fits the point's budget; then the backends are timed in interleaved
-rounds, each sample with all ranks released together by a barrier, keeping
-the slowest rank's time per sample.
+Per point (op, dtype, view, size) the backends are measured by the engine in
+arxtune.runtime.rounds (exact first call, warm-up, interleaved rounds of
+barrier-aligned samples, the slowest rank's each, the check after timing);
+the sweep gives it its budget: samples sized to fit `point_budget_s`, `rounds`
+rounds and up to `max_extra_rounds` more where the baseline is still close to
+a challenger.
 """
 
 from __future__ import annotations
@@ -19,30 +20,30 @@ import shlex
 import socket
 import sys
 import tempfile
-import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from arxtune import __version__
 from arxtune.runtime import distributed
 from arxtune.runtime.backends import OPS, Backend, GroupContext
 from arxtune.runtime.backends.startup import default_baseline, open_backends
-from arxtune.runtime.ops import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, mismatch, size_grid
+from arxtune.runtime.ops import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, size_grid
 from arxtune.harness.config import SweepConfig, format_bytes, from_mapping
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
 from arxtune.harness.launch import JOINED_LINE, RUN_PREFIX, tell_launcher
 from arxtune.harness.nccl_facts import LogCapture
-from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, undecided
+from arxtune.runtime.decision import DEFAULT_MARGIN
+from arxtune.runtime.fingerprint import nccl_version
+from arxtune.runtime.rounds import ESTIMATE_SAMPLES, Entry, Plan, Rounds
+from arxtune.runtime.runs import now
 from arxtune.runtime.timing import Timer, has_timer, make_timer
 
-ESTIMATE_CALLS = 3
 #: Fewest samples a backend contributes to one round.
 MIN_ITERS_PER_ROUND = 3
 log = logging.getLogger("arxtune")
@@ -71,10 +72,6 @@ def new_run_id(world_size: int, device_type: str) -> str:
     """Time to the microsecond plus a random tag: two sweeps started together never pick the same id."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
     return f"{stamp}-{platform.node() or 'host'}-w{world_size}-{device_type}-{secrets.token_hex(2)}"
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
@@ -163,182 +160,67 @@ def rotating_op(bind: Callable[[torch.Tensor, torch.Tensor], Callable[[], None]]
     return lambda: following()()
 
 
-@dataclass
-class _Timed:
-    """One backend's state while its point is timed in rounds."""
+@dataclass(frozen=True)
+class SweepBudget:
+    """The sweep's budget for one point: `rounds` rounds of samples sized to fit `point_budget_s`
+    (within min_iters..max_iters), up to `max_extra_rounds` more while the baseline and a challenger are close."""
 
-    point: Point
-    nbytes: int
-    op: Callable[[], None]
-    outs: list[torch.Tensor]  # the output buffers the calls rotate through (buffer_count)
-    expected: torch.Tensor
-    timer: Timer
-    #: The inputs: held here, since a backend's bound call may keep only their addresses.
-    ins: list[torch.Tensor] = field(default_factory=list)
-    #: The backend's check for failures its calls could not raise (inside a graph replay), if it has one.
-    check: Callable[[], None] | None = None
-    iters_per_round: int = 0
-    samples: list[float] = field(default_factory=list)
-    round_iters: list[int] = field(default_factory=list)
+    config: SweepConfig
+    estimate_samples = ESTIMATE_SAMPLES
 
+    @property
+    def warmup_calls(self) -> int:
+        return self.config.warmup_iters
 
-def _times(timed: _Timed) -> PointTimes:
-    """The decision rule's view of one backend's rounds so far."""
-    rounds, start = [], 0
-    for n in timed.round_iters:
-        rounds.append(timed.samples[start:start + n])
-        start += n
-    return PointTimes.from_rounds(rounds)
+    def plan(self, per_sample_s: dict[str, float]) -> Plan:
+        config, per_round = self.config, {}
+        for name, seconds in per_sample_s.items():
+            iters = max(config.min_iters, min(config.max_iters, int(config.point_budget_s / max(seconds, 1e-9))))
+            per_round[name] = max(MIN_ITERS_PER_ROUND, -(-iters // config.rounds))
+        return Plan(config.rounds, per_round)
+
+    def another(self, done: int, plan: Plan, close: Callable[[], bool]) -> bool:
+        return done < plan.rounds or (done < plan.rounds + self.config.max_extra_rounds and close())
 
 
 class PointRunner:
-    """Measures one group of backends at one point on every rank; returns the same records everywhere.
-
-    Each backend is checked and warmed up, then all are timed in `rounds`
-    rounds; within a round the backends take turns, in reversed order every
-    other round, so slow drift (other load, clocks) falls on all of them alike.
-    Where the baseline and a challenger are then close, up to
-    `max_extra_rounds` more rounds follow, until the rule's answer is settled.
-    """
+    """Measures one group of backends at one point on every rank (runtime.rounds within the sweep's budget);
+    returns the same records everywhere."""
 
     def __init__(self, config: SweepConfig, ctx: GroupContext):
         self.config = config
         self.ctx = ctx
         self.baseline = config.baseline or default_baseline(ctx.device)
+        self.engine = Rounds(ctx, DEFAULT_MARGIN, fatal=peer_timed_out)  # a silent peer ends the sweep, not the point
 
-    def _sync(self) -> None:
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
-
-    def _agree_outcome(self, point: Point, nbytes: int, local: tuple[str, str]) -> PointRecord | None:
-        """If any rank failed, every rank returns the same failure record ('error' outranks 'wrong')."""
-        outcomes = distributed.gather_objects(local, self.ctx.cpu_group)
-        failed = [(status, f"rank {r}: {message}") for r, (status, message) in enumerate(outcomes) if status != "ok"]
-        if not failed:
-            return None
-        status = "error" if any(s == "error" for s, _ in failed) else "wrong"
-        return PointRecord(*point.key, nbytes=nbytes, world_size=self.ctx.world_size, status=status,
-                           error="; ".join(m for _, m in failed))
-
-    def _guard(self, point: Point, nbytes: int, work: Callable[[], None], check: Callable[[], None] | None = None) -> PointRecord | None:
-        """Run `work` on every rank; any rank's exception, or one its backend's `check` raises after
-        synchronising, becomes the same error record everywhere."""
-        try:
-            work()
-            self._sync()
-            if check is not None:
-                check()
-            local = ("ok", "")
-        except Exception as exc:  # a backend failure becomes data, not a crash
-            if peer_timed_out(exc):
-                raise  # a rank that does not answer: the sweep ends now, not after another timeout agreeing on it
-            local = ("error", f"{type(exc).__name__}: {exc}")
-        return self._agree_outcome(point, nbytes, local)
-
-    def _prepare(self, point: Point, backend: Backend) -> _Timed | PointRecord:
-        """Check the result, warm up and size the rounds; a failure record if the backend cannot be timed here."""
-        ctx, config = self.ctx, self.config
-        dtype = DTYPES[point.dtype]
-        spec = OP_SPECS[point.op]
-        n = elements_per_rank(point.op, point.size, ctx.world_size, dtype.itemsize)
-        nbytes = spec.nbytes(n, ctx.world_size, dtype.itemsize)
-        if not distributed.all_true(backend.supports(point.op, dtype, nbytes), ctx.cpu_group):
-            return PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="unsupported",
-                               error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
-        timer = make_timer(ctx.device, point.view, nbytes, config.decode_busy_us)
-        count = buffer_count(timer, nbytes, config.max_bytes)
+    def _entry(self, point: Point, backend: Backend, n: int) -> Entry:
+        ctx, dtype = self.ctx, DTYPES[point.dtype]
+        nbytes = OP_SPECS[point.op].nbytes(n, ctx.world_size, dtype.itemsize)
+        timer = make_timer(ctx.device, point.view, nbytes, self.config.decode_busy_us)
+        count = buffer_count(timer, nbytes, self.config.max_bytes)
         ins = [make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device) for _ in range(count)]
-        outs = [torch.zeros(spec.shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device) for _ in range(count)]
-        timed = _Timed(point, nbytes, timed_op(backend, point.op, ins, outs), outs,
-                       expected_output(point.op, n, ctx.rank, ctx.world_size, dtype), timer, ins=ins,
-                       check=getattr(backend, "check", None))
-        failure = self._guard(point, nbytes, timed.op, timed.check)
-        if failure:
-            return failure
-        wrong = mismatch(outs[0], timed.expected)  # the first call wrote the first buffer
-        failure = self._agree_outcome(point, nbytes, ("wrong", wrong) if wrong else ("ok", ""))
-        if failure:
-            return failure
-        estimate: list[float] = []  # wall seconds per sample, its barrier included
-
-        def warm_up() -> None:
-            for _ in range(config.warmup_iters):
-                timed.op()
-            self._sync()
-            timed.timer.prepare(timed.op)
-            for _ in range(ESTIMATE_CALLS):
-                start = time.perf_counter()
-                dist.barrier(group=ctx.cpu_group)
-                timed.timer.time_once(timed.op)
-                estimate.append(time.perf_counter() - start)
-
-        failure = self._guard(point, nbytes, warm_up, timed.check)
-        if failure:
-            return failure
-        per_sample_s = distributed.all_max(sorted(estimate)[ESTIMATE_CALLS // 2], ctx.cpu_group)
-        iters = max(config.min_iters, min(config.max_iters, int(config.point_budget_s / per_sample_s)))
-        timed.iters_per_round = max(MIN_ITERS_PER_ROUND, -(-iters // config.rounds))
-        for out in timed.outs:
-            out.zero_()  # the timed calls must write the result again: checked after the last round
-        self._sync()
-        return timed
-
-    def _round(self, timed: _Timed) -> PointRecord | None:
-        """One round of one backend: barrier-aligned samples, slowest rank per sample."""
-        ctx = self.ctx
-        local: list[float] = []
-
-        def sample() -> None:
-            for _ in range(timed.iters_per_round):
-                dist.barrier(group=ctx.cpu_group)
-                local.append(timed.timer.time_once(timed.op))
-
-        failure = self._guard(timed.point, timed.nbytes, sample, timed.check)
-        if failure:
-            return failure
-        timed.samples.extend(distributed.max_per_iteration(local, ctx.cpu_group))
-        timed.round_iters.append(len(local))
-        return None
-
-    def _finish(self, timed: _Timed) -> PointRecord:
-        wrong = next(filter(None, (mismatch(out, timed.expected) for out in timed.outs)), None)
-        failure = self._agree_outcome(timed.point, timed.nbytes, ("wrong", f"after timing: {wrong}") if wrong else ("ok", ""))
-        if failure:
-            return failure
-        return PointRecord(*timed.point.key, nbytes=timed.nbytes, world_size=self.ctx.world_size, status="ok",
-                           samples_us=tuple(timed.samples), round_iters=tuple(timed.round_iters))
-
-    def _close(self, active: list[_Timed], records: dict[str, PointRecord]) -> bool:
-        """Whether the baseline and a challenger are still close (another round could change the
-        decision rule's answer); the same on every rank, since every rank holds the same samples."""
-        timed = {t.point.backend: t for t in active if t.point.backend not in records and t.samples}
-        base = timed.get(self.baseline)
-        if base is None:
-            return False
-        base_times = _times(base)
-        return any(undecided(_times(t), base_times, DEFAULT_MARGIN) for name, t in timed.items() if name != self.baseline)
+        outs = [torch.zeros(OP_SPECS[point.op].shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device) for _ in range(count)]
+        return Entry(point.backend, timed_op(backend, point.op, ins, outs), outs,
+                     expected_output(point.op, n, ctx.rank, ctx.world_size, dtype), lambda first_s: timer,
+                     getattr(backend, "check", None), tuple(ins))
 
     def measure_group(self, group: PointGroup, ready: dict[str, Backend]) -> list[PointRecord]:
+        ctx, dtype = self.ctx, DTYPES[group.dtype]
+        n = elements_per_rank(group.op, group.size, ctx.world_size, dtype.itemsize)
+        nbytes = OP_SPECS[group.op].nbytes(n, ctx.world_size, dtype.itemsize)
         records: dict[str, PointRecord] = {}
-        active: list[_Timed] = []
+        entries = []
         for point in group.points():
-            prepared = self._prepare(point, ready[point.backend])
-            if isinstance(prepared, PointRecord):
-                records[point.backend] = prepared
+            if distributed.all_true(ready[point.backend].supports(point.op, dtype, nbytes), ctx.cpu_group):
+                entries.append(self._entry(point, ready[point.backend], n))
             else:
-                active.append(prepared)
-        round_no = 0
-        while round_no < self.config.rounds or (round_no < self.config.rounds + self.config.max_extra_rounds
-                                                and self._close(active, records)):
-            for timed in (active if round_no % 2 == 0 else active[::-1]):
-                if timed.point.backend not in records:
-                    failure = self._round(timed)
-                    if failure:
-                        records[timed.point.backend] = failure
-            round_no += 1
-        for timed in active:
-            if timed.point.backend not in records:
-                records[timed.point.backend] = self._finish(timed)
+                records[point.backend] = PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="unsupported",
+                                                     error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
+        for name, got in self.engine.measure(entries, SweepBudget(self.config), self.baseline).items():
+            key = (name, group.op, group.dtype, group.view, group.size)
+            records[name] = PointRecord(*key, nbytes=nbytes, world_size=ctx.world_size, status=got.status,
+                                        samples_us=tuple(s for r in got.rounds for s in r), error=got.error,
+                                        round_iters=tuple(len(r) for r in got.rounds))
         return [records[name] for name in group.backends]
 
 
@@ -403,9 +285,9 @@ def run(config: SweepConfig, run_id: str | None = None, resume: str | None = Non
 def _new_meta(config: SweepConfig, ctx: GroupContext, run_id: str, baseline: str, hosts: list[dict]) -> RunMeta:
     return RunMeta(
         run_id=run_id, world_size=ctx.world_size,
-        device_type=ctx.device.type, config=config.to_dict(), baseline=baseline, started=_now(),
+        device_type=ctx.device.type, config=config.to_dict(), baseline=baseline, started=now(),
         arxtune_version=__version__, torch_version=torch.__version__,
-        nccl_version=".".join(map(str, torch.cuda.nccl.version())) if ctx.device.type == "cuda" else None,
+        nccl_version=nccl_version(ctx.device),
         hostnames=[h["hostname"] for h in hosts], device_names=[h["device"] for h in hosts],
         driver_version=hosts[0]["driver"], rdma_devices=hosts[0]["rdma_devices"], command=shlex.join(sys.argv))
 
@@ -492,7 +374,7 @@ def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str
         nccl_used = _nccl_used(ctx, nccl_log)
         if writer:
             writer.meta.nccl_used = nccl_used
-            writer.meta.finished = _now()
+            writer.meta.finished = now()
             writer.write_meta()
         if nccl_log and nccl_log.settings:  # our own log, read: nothing in it the run does not hold
             nccl_log.path(socket.gethostname(), os.getpid()).unlink(missing_ok=True)

@@ -26,7 +26,6 @@ measured as a small run in the results format (ARXTUNE_BOOT_OUT, else
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -37,21 +36,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from arxtune.runtime import env
+from arxtune.runtime import env, runs
 from arxtune.runtime.backends.base import Backend, GroupContext
-from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, clearly_faster, undecided
+from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, clearly_faster
 from arxtune.runtime.fingerprint import host_facts, nccl_version
-from arxtune.runtime.distributed import all_max, gather_objects, max_per_iteration
-from arxtune.runtime.ops import DTYPES, OP_SPECS, OPS, elements_per_rank, expected_output, make_input, mismatch
+from arxtune.runtime.distributed import all_max, gather_objects
+from arxtune.runtime.ops import DTYPES, OP_SPECS, OPS, elements_per_rank, expected_output, make_input
+from arxtune.runtime.rounds import Entry, Plan, Rounds
 from arxtune.runtime.thresholds import Range, Table, Thresholds, merge_adjacent, ranges_from_points
-from arxtune.runtime.timing import CudaBackToBackTimer, CudaGraphTimer, WallTimer
+from arxtune.runtime.timing import has_timer, make_timer
 from arxtune.runtime.units import format_bytes
 
 log = logging.getLogger("arxtune")
 
+#: What the ladder does with a file (ARXTUNE_BOOT): its policy. A table's "mode" (eager, graph) is the runtime's word.
 POLICIES = ("off", "check", "adjust")
+#: The view (how a point is timed; the results' view column) that times a table of each mode.
+VIEW_OF_MODE = {"eager": "eager", "graph": "graph"}
 KiB, MiB = 1024, 1024 * 1024
 #: Sizes probed around a boundary at b bytes: b/2 (the lower side), b and 2b (the upper side; lo is inclusive).
 PROBE_FACTORS = (0.5, 1, 2)
@@ -68,14 +70,6 @@ MEASURE_SHARE = 0.85
 MAX_EXTRA_ROUNDS = 8
 #: A sample holds as many calls as fit this long (1 to MAX_CALLS_PER_SAMPLE), from the checked call's time.
 SAMPLE_US, MAX_CALLS_PER_SAMPLE = 2000.0, 20
-#: (device type, mode) -> timer with `calls` calls per sample; a mode with no entry is not laddered.
-TIMERS = {
-    ("cpu", "eager"): lambda calls: WallTimer("eager", calls),
-    ("cuda", "eager"): CudaBackToBackTimer,
-    ("cuda", "graph"): CudaGraphTimer,
-}
-
-
 #: Device type -> built-in backends a communicator without a file compares with its baseline under `adjust`
 #: (site backends from ARXTUNE_EXTRA_BACKENDS join them); few, since each is opened and timed at start-up.
 CANDIDATES = {"cpu": ("vllm_cpu",), "cuda": ("symm_mem", "vllm_custom_ar")}
@@ -297,7 +291,7 @@ def coarse_tables(world: int, choices: dict[tuple[str, str], list[tuple[int, str
 
 
 class Prober:
-    """Times backends at one (op, dtype, mode, size) on the group, within the budget; every rank calls it alike."""
+    """Times backends at one (op, dtype, view, size) on the group, within the budget; every rank calls it alike."""
 
     def __init__(self, ctx: GroupContext, backends: dict[str, Backend], budget: float, margin: float = DEFAULT_MARGIN,
                  start: float | None = None):
@@ -306,135 +300,91 @@ class Prober:
         self.budget = budget
         self.margin = margin  # what `undecided` judges closeness by
         self.start = time.monotonic() if start is None else start  # earlier where opening the candidates counts
-        self.points: dict[tuple, Measured] = {}  # (backend, op, dtype, mode, nbytes) -> what was measured, in order
+        self.points: dict[tuple, Measured] = {}  # (backend, op, dtype, view, nbytes) -> what was measured, in order
 
     def spent(self) -> float:
         """Seconds since the ladder began, the slowest rank's (so every rank decides alike)."""
         return all_max(time.monotonic() - self.start, self.ctx.cpu_group)
 
-    def _sync(self) -> None:
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
-
-    def _agreed(self, local: dict[str, str]) -> dict[str, str]:
-        """Per backend, the first rank's failure ('' when every rank succeeded)."""
-        answers = gather_objects(local, self.ctx.cpu_group)
-        return {name: next((f"rank {r}: {a[name]}" for r, a in enumerate(answers) if a.get(name)), "") for name in local}
-
-    def measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float,
+    def measure(self, names: list[str], op: str, dtype: str, view: str, nbytes: int, share_s: float,
                 incumbent: str | None = None) -> dict[str, Measured] | None:
         """Each named backend at this size, or None when the budget is spent (then on every rank).
         Where `incumbent` and a challenger are close after the rounds, more rounds follow (within bounds)."""
-        key = lambda name: (name, op, dtype, mode, nbytes)  # noqa: E731
+        key = lambda name: (name, op, dtype, view, nbytes)  # noqa: E731
         todo = [n for n in names if key(n) not in self.points]
         if todo:
             spent = self.spent()
             if spent >= self.budget:
                 return None
-            self._measure(todo, op, dtype, mode, nbytes, min(share_s, self.budget - spent), incumbent)
+            self._measure(todo, op, dtype, view, nbytes, min(share_s, self.budget - spent), incumbent)
         if not all(key(n) in self.points for n in names):
             return None
         return {n: self.points[key(n)] for n in names}
 
-    def _measure(self, names: list[str], op: str, dtype: str, mode: str, nbytes: int, share_s: float,
+    def _measure(self, names: list[str], op: str, dtype: str, view: str, nbytes: int, share_s: float,
                  incumbent: str | None = None) -> None:
         ctx, torch_dtype = self.ctx, DTYPES[dtype]
         n = elements_per_rank(op, nbytes, ctx.world_size, torch_dtype.itemsize)
         inp = make_input(op, n, ctx.rank, ctx.world_size, torch_dtype, ctx.device)
         want = expected_output(op, n, ctx.rank, ctx.world_size, torch_dtype)
-        outs = {name: torch.empty(OP_SPECS[op].shapes(n, ctx.world_size)[1], dtype=torch_dtype, device=ctx.device) for name in names}
-        calls, took, local = {}, {}, {}
-        for name in names:  # the check: one call each, exact result, its time sizes the samples
-            backend, local[name] = self.backends[name], ""
-            try:
-                bind = getattr(backend, "bind", None)
-                calls[name] = bind(op, inp, outs[name]) if bind else (lambda b=backend, o=outs[name]: getattr(b, op)(inp, o))
-                begin = time.perf_counter()
-                calls[name]()
-                self._sync()
-                took[name] = time.perf_counter() - begin
-                local[name] = mismatch(outs[name], want) or ""
-                local[name] = f"wrong result: {local[name]}" if local[name] else ""
-            except Exception as exc:  # a backend's failure is its loss, never start-up's
-                local[name] = f"{type(exc).__name__}: {exc}"
-        failed = self._agreed(local)
-        cost = {name: all_max(took.get(name, 0.0), ctx.cpu_group) for name in names}
-        live = [name for name in names if not failed[name]]
-        per_call = {name: max(cost[name], 1e-6) for name in live}
-        sample_calls = {name: max(1, min(MAX_CALLS_PER_SAMPLE, int(SAMPLE_US * 1e-6 / per_call[name]))) for name in live}
-        sample_s = sum(sample_calls[name] * per_call[name] for name in live) or 1e-6
-        rounds = min(ROUNDS, int(share_s / sample_s))
-        if len(live) < 2 or rounds < MIN_ROUNDS:
-            for name in names:  # one correct backend needs no rounds: its checked call is its one sample
-                if failed[name] or len(live) == 1:
-                    self._record(name, op, dtype, mode, nbytes, failed[name], [] if failed[name] else [[cost[name] * 1e6]])
-            return  # two left and no time for two rounds: not measured, so not judged
-        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(share_s / (2 * rounds * sample_s))))
-        timers, local = {}, {name: "" for name in live}
-        for name in live:
-            try:
-                timers[name] = TIMERS[(ctx.device.type, mode)](sample_calls[name])
-                timers[name].prepare(calls[name])
-                outs[name].zero_()  # the timed calls must write the result again: checked after the rounds
-            except Exception as exc:
-                local[name] = f"{type(exc).__name__}: {exc}"
-        failed.update(self._agreed(local))
-        live = [name for name in live if not failed[name]]
-        samples = {name: [] for name in live}
-        size_start = self.spent() if incumbent in live else 0.0
 
-        def more(done: int) -> bool:
-            """Another round where the incumbent and a challenger are still close, within this size's
-            share, the budget and MAX_EXTRA_ROUNDS (the same answer on every rank)."""
-            ok = {n: PointTimes.from_rounds(samples[n]) for n in live if not failed[n] and samples[n]}
-            if done >= rounds + MAX_EXTRA_ROUNDS or incumbent not in ok or not any(
-                    undecided(t, ok[incumbent], self.margin) for n, t in ok.items() if n != incumbent):
-                return False
-            spent = self.spent()
-            return spent < self.budget and spent - size_start < share_s
+        def timer(first_s: float):
+            """As many calls a sample as fit SAMPLE_US by the checked call's time (1 to MAX_CALLS_PER_SAMPLE)."""
+            calls = max(1, min(MAX_CALLS_PER_SAMPLE, int(SAMPLE_US * 1e-6 / max(first_s, 1e-6))))
+            return make_timer(ctx.device, view, nbytes, calls=calls)
 
-        r = 0
-        while r < rounds or more(r):
-            for name in (live if r % 2 == 0 else live[::-1]):
-                if failed[name]:
-                    continue
-                mine = []
-                for _ in range(per_round):
-                    try:
-                        dist.barrier(group=ctx.cpu_group)
-                        mine.append(timers[name].time_once(calls[name]))
-                    except Exception as exc:
-                        failed[name] = f"{type(exc).__name__} while timed: {exc}"
-                        break
-                mine += [math.inf] * (per_round - len(mine))  # a failure on any rank reaches every rank as inf
-                slowest = max_per_iteration(mine, ctx.cpu_group)
-                if not all(math.isfinite(s) for s in slowest):
-                    failed[name] = failed[name] or "failed while timed on another rank"
-                samples[name].append(slowest)
-            r += 1
-            if MIN_ROUNDS <= r < rounds and self.spent() >= self.budget:
-                break  # the budget is spent: the rounds so far decide (every rank stops after the same round)
-        local = {}
-        for name in live:
-            if not failed[name]:
-                self._sync()
-                bad = mismatch(outs[name], want)
-                local[name] = f"wrong result after timing: {bad}" if bad else ""
-        failed.update({k: v for k, v in self._agreed(local).items() if v})
+        entries = []
         for name in names:
-            self._record(name, op, dtype, mode, nbytes, failed[name], samples.get(name, []))
-
-    def _record(self, name: str, op: str, dtype: str, mode: str, nbytes: int, error: str, rounds: list[list[float]]) -> None:
-        status = "ok" if not error else ("wrong" if error.split(": ", 1)[-1].startswith("wrong") else "error")
-        self.points[(name, op, dtype, mode, nbytes)] = Measured(name, status, [list(r) for r in rounds], error)
+            backend = self.backends[name]
+            out = torch.empty(OP_SPECS[op].shapes(n, ctx.world_size)[1], dtype=torch_dtype, device=ctx.device)
+            bind = getattr(backend, "bind", None)
+            call = bind(op, inp, out) if bind else (lambda b=backend, o=out: getattr(b, op)(inp, o))
+            entries.append(Entry(name, call, [out], want, timer, getattr(backend, "check", None), (inp,)))
+        budget = _SizeBudget(self, share_s)
+        for name, got in Rounds(ctx, self.margin).measure(entries, budget, incumbent).items():
+            if got.status == "ok" and not got.rounds:  # one correct backend needs no rounds: its estimate is its one sample
+                got.rounds = [[got.estimate_us]]
+            if got.status:  # '': two left and no time for two rounds: not measured, so not judged
+                self.points[(name, op, dtype, view, nbytes)] = Measured(name, got.status, got.rounds, got.error)
 
     def failed(self) -> dict[tuple[str, str, str], str]:
-        """(backend, op, dtype) -> its first failure, with the size and mode: what the router takes out for good."""
+        """(backend, op, dtype) -> its first failure, with the size and view: what the router takes out for good."""
         found: dict[tuple[str, str, str], str] = {}
-        for (name, op, dtype, mode, nbytes), got in self.points.items():
+        for (name, op, dtype, view, nbytes), got in self.points.items():
             if got.status != "ok":
-                found.setdefault((name, op, dtype), f"start-up ladder, {mode} at {format_bytes(nbytes)}: {got.error}")
+                found.setdefault((name, op, dtype), f"start-up ladder, {view} at {format_bytes(nbytes)}: {got.error}")
         return found
+
+
+class _SizeBudget:
+    """The ladder's budget at one size: ROUNDS rounds (fewer when `share_s` is short, never under MIN_ROUNDS) of
+    at most MAX_SAMPLES_PER_ROUND samples, ending early once the whole budget is spent; extra rounds while the
+    incumbent and a challenger are close, within the size's share, the budget and MAX_EXTRA_ROUNDS."""
+
+    warmup_calls = 0  # the checked call and the estimate sample warm it up
+    estimate_samples = 1  # a slow backend's samples cost start-up time: one estimates it
+
+    def __init__(self, prober: Prober, share_s: float):
+        self.prober, self.share_s, self.size_start = prober, share_s, 0.0
+
+    def plan(self, per_sample_s: dict[str, float]) -> Plan | None:
+        if len(per_sample_s) < 2:
+            return Plan(0, {})  # one correct backend is not compared: no rounds
+        sample_s = sum(per_sample_s.values()) or 1e-6
+        rounds = min(ROUNDS, int(self.share_s / sample_s))
+        if rounds < MIN_ROUNDS:
+            return None
+        per_round = max(1, min(MAX_SAMPLES_PER_ROUND, int(self.share_s / (2 * rounds * sample_s))))
+        self.size_start = self.prober.spent()
+        return Plan(rounds, {name: per_round for name in per_sample_s})
+
+    def another(self, done: int, plan: Plan, close) -> bool:
+        if done < plan.rounds:  # the budget spent: the rounds so far decide (every rank stops after the same round)
+            return done < MIN_ROUNDS or self.prober.spent() < self.prober.budget
+        if done >= plan.rounds + MAX_EXTRA_ROUNDS or not close():
+            return False
+        spent = self.prober.spent()
+        return spent < self.prober.budget and spent - self.size_start < self.share_s
 
 
 # -- the ladder as a whole
@@ -453,23 +403,24 @@ class Outcome:
 
 
 def modes_for(device: torch.device) -> tuple[str, ...]:
-    return tuple(m for m in ("eager", "graph") if (device.type, m) in TIMERS)
+    """The table modes the ladder checks on this device: those timed by a view of the same name (timing.TIMERS)."""
+    return tuple(m for m in VIEW_OF_MODE if has_timer(device, VIEW_OF_MODE[m]))
 
 
 def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Backend], status: dict[str, dict],
-        mode: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...] = (), since: float | None = None) -> Outcome:
+        policy: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...] = (), since: float | None = None) -> Outcome:
     """The whole ladder on an opened group (a collective on ctx.cpu_group); rank 0's verdict for every rank.
 
     `backends` are open on every rank (agreed); `candidates` are what a
     deployment without a file may choose from beside `baseline`; `since`: the
     monotonic time the budget started (before opening what only the ladder needs).
     """
-    budget, started = budget_s(), _now()
+    budget, started = budget_s(), runs.now()
     prober = Prober(ctx, backends, budget * MEASURE_SHARE, thresholds.margin if thresholds else DEFAULT_MARGIN, since)
     if thresholds is None:
-        outcome = _build(ctx, prober, mode, candidates, baseline, dtypes)
+        outcome = _build(ctx, prober, policy, candidates, baseline, dtypes)
     else:
-        outcome = _check(ctx, prober, thresholds, mode, backends, status)
+        outcome = _check(ctx, prober, thresholds, policy, backends, status)
     outcome.failed = prober.failed()
     outcome.line += f" in {prober.spent():.2f} s of {budget:g}"
     answers = gather_objects((outcome if ctx.rank == 0 else None, host_facts(ctx.device)), ctx.cpu_group)
@@ -477,12 +428,12 @@ def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Ba
     if ctx.rank == 0:
         for warning in outcome.warnings:
             log.warning("arxtune: %s", warning)
-        outcome.run_path = write_run(ctx, prober, thresholds.baseline if thresholds else baseline, started, status, mode,
+        outcome.run_path = write_run(ctx, prober, thresholds.baseline if thresholds else baseline, started, status, policy,
                                      [facts for _, facts in answers])
     return outcome
 
 
-def _check(ctx: GroupContext, prober: Prober, thresholds: Thresholds, mode: str, backends: dict, status: dict) -> Outcome:
+def _check(ctx: GroupContext, prober: Prober, thresholds: Thresholds, policy: str, backends: dict, status: dict) -> Outcome:
     margin = thresholds.margin
     tables = [t for t in thresholds.tables if t.world_size == ctx.world_size and t.mode in modes_for(ctx.device)]
     plan, verdicts = [], []
@@ -500,39 +451,39 @@ def _check(ctx: GroupContext, prober: Prober, thresholds: Thresholds, mode: str,
         for size in sizes:
             share = max(0.0, prober.budget - prober.spent()) / max(left, 1)
             left -= 1
-            got = prober.measure([b.below, b.above], b.op, b.dtype, b.mode, size, share, b.choice(size))
+            got = prober.measure([b.below, b.above], b.op, b.dtype, VIEW_OF_MODE[b.mode], size, share, b.choice(size))
             if got is not None:
                 points[size] = got
         verdicts.append(judge(b, sizes, points, margin))
-    return _verdict_outcome(thresholds, verdicts, mode, ctx.world_size)
+    return _verdict_outcome(thresholds, verdicts, policy, ctx.world_size)
 
 
 def _reason(status: dict, names: list[str]) -> str:
     return "; ".join(status.get(n, {}).get("reason", "") or "not opened" for n in names)
 
 
-def _verdict_outcome(thresholds: Thresholds, verdicts: list[Judged], mode: str, world: int) -> Outcome:
+def _verdict_outcome(thresholds: Thresholds, verdicts: list[Judged], policy: str, world: int) -> Outcome:
     counts = {v: sum(j.verdict == v for j in verdicts) for v in ("held", "moved", "unclear", "out", "not judged")}
     warnings = [f"start-up ladder contradicts {j.boundary.describe()}: the other side wins ({j.evidence})"
-                + ("; moved to " + format_bytes(j.new) if mode == "adjust" else
+                + ("; moved to " + format_bytes(j.new) if policy == "adjust" else
                    f"; the file is used as it is ({env.BOOT.name}=adjust would move it to {format_bytes(j.new)})")
                 for j in verdicts if j.verdict == "moved"]
     if not verdicts:
-        return Outcome(thresholds, f"ladder {mode}: no boundary to check")
-    said = {"held": "held", "moved": "moved" if mode == "adjust" else "contradicted", "unclear": "unclear", "out": "out",
+        return Outcome(thresholds, f"ladder {policy}: no boundary to check")
+    said = {"held": "held", "moved": "moved" if policy == "adjust" else "contradicted", "unclear": "unclear", "out": "out",
             "not judged": "not judged"}
     head = ", ".join(f"{n} {said[v]}" for v, n in counts.items() if n)
-    detail = "; ".join(j.describe(mode == "adjust") for j in verdicts)
+    detail = "; ".join(j.describe(policy == "adjust") for j in verdicts)
     moved = any(j.verdict == "moved" for j in verdicts)
-    use = adjusted(thresholds, verdicts, world) if mode == "adjust" and moved else thresholds
-    return Outcome(use, f"ladder {mode}: {len(verdicts)} boundaries, {head} ({detail})", warnings)
+    use = adjusted(thresholds, verdicts, world) if policy == "adjust" and moved else thresholds
+    return Outcome(use, f"ladder {policy}: {len(verdicts)} boundaries, {head} ({detail})", warnings)
 
 
-def _build(ctx: GroupContext, prober: Prober, mode: str, candidates: tuple[str, ...], baseline: str,
+def _build(ctx: GroupContext, prober: Prober, policy: str, candidates: tuple[str, ...], baseline: str,
            dtypes: tuple[str, ...]) -> Outcome:
     """No file: under `adjust`, tables from the coarse grid between the baseline and each candidate."""
-    if mode != "adjust":
-        return Outcome(None, f"ladder {mode}: no thresholds file, nothing to check ({env.BOOT.name}=adjust builds tables)")
+    if policy != "adjust":
+        return Outcome(None, f"ladder {policy}: no thresholds file, nothing to check ({env.BOOT.name}=adjust builds tables)")
     challengers = [n for n in candidates if n != baseline and n in prober.backends]
     if baseline not in prober.backends or not challengers:
         return Outcome(None, f"ladder adjust: no thresholds file and no backend beside {baseline} to compare; {baseline} serves")
@@ -562,50 +513,30 @@ def _build(ctx: GroupContext, prober: Prober, mode: str, candidates: tuple[str, 
 # -- evidence
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, status: dict, mode: str,
+def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, status: dict, policy: str,
               hosts: list[dict] | None = None) -> str:
-    """What was measured, as a run in the results format (meta.json + points.csv); a failure is a warning."""
-    import csv
-    import io
-
+    """What was measured, as a run in the results format (runtime.runs); a failure is a warning."""
     from arxtune import __version__
-    from arxtune.runtime.fileio import Staged
 
     records = sorted(prober.points.items())
     if not records:
         return ""
     run_id = f"boot-w{ctx.world_size}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}"
-    path = out_dir() / run_id
     used = {name for (name, *_), _ in records}
-    meta = {"run_id": run_id, "world_size": ctx.world_size, "device_type": ctx.device.type, "baseline": baseline,
-            "config": {"step_factor": 2.0}, "started": started, "finished": _now(), "version": 3,
-            "arxtune_version": __version__, "torch_version": torch.__version__, "nccl_version": nccl_version(ctx.device),
-            "driver_version": hosts[0]["driver"] if hosts else None, "rdma_devices": hosts[0]["rdma_devices"] if hosts else [],
-            "hostnames": [h["hostname"] for h in hosts or []], "device_names": [h["device"] for h in hosts or []],
-            "fabric_floor_us": None,
-            "command": f"start-up ladder ({env.BOOT.name}={mode})",
-            "backends": {name: {k: v for k, v in status.get(name, {"available": True, "reason": ""}).items()
-                                if k in ("available", "reason", "capturable", "ops", "capacity", "options")} for name in sorted(used)}}
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"])
-    for (name, op, dtype, m, nbytes), got in records:
-        flat = [s for r in got.rounds for s in r] if got.ok else []
-        writer.writerow([name, op, dtype, m, nbytes, nbytes, ctx.world_size, got.status,
-                         len(flat), " ".join(str(len(r)) for r in got.rounds) if got.ok else "",
-                         " ".join(f"{s:.3f}" for s in flat), " ".join(got.error.split())])
+    meta = runs.RunMeta(
+        run_id=run_id, world_size=ctx.world_size, device_type=ctx.device.type, config={"step_factor": 2.0}, baseline=baseline,
+        started=started, finished=runs.now(), arxtune_version=__version__, torch_version=torch.__version__,
+        nccl_version=nccl_version(ctx.device), driver_version=hosts[0]["driver"] if hosts else None,
+        rdma_devices=hosts[0]["rdma_devices"] if hosts else [], hostnames=[h["hostname"] for h in hosts or []],
+        device_names=[h["device"] for h in hosts or []], command=f"start-up ladder ({env.BOOT.name}={policy})",
+        backends={name: {k: v for k, v in status.get(name, {"available": True, "reason": ""}).items()
+                         if k in ("available", "reason", "capturable", "ops", "capacity", "options")} for name in sorted(used)})
+    points = [runs.PointRecord(name, op, dtype, view, nbytes, nbytes, ctx.world_size, got.status,
+                               tuple(s for r in got.rounds for s in r) if got.ok else (), " ".join(got.error.split()),
+                               tuple(len(r) for r in got.rounds) if got.ok else ())
+              for (name, op, dtype, view, nbytes), got in records]
     try:
-        path.mkdir(parents=True, exist_ok=False)
-        with Staged() as staged:  # a run is its two files together, or nothing
-            staged.write_text(path / "points.csv", text.getvalue(), "ladder points")
-            staged.write_text(path / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n", "ladder metadata")
+        return str(runs.write_run(out_dir(), meta, points))
     except Exception as exc:  # evidence is worth a warning, never a failed start-up
-        log.warning("arxtune: start-up ladder: cannot write its run to %s (%s)", path, exc)
-        if path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
+        log.warning("arxtune: start-up ladder: cannot write its run to %s (%s)", out_dir() / run_id, exc)
         return ""
-    return str(path)

@@ -227,13 +227,16 @@ class CudaDecodeTimer(_CudaEvents):
 
 #: (device type, view) -> timer factory, given the call's size and the decode view's busy kernel (us).
 #: A view with no timer for the device is not planned (graphs and the decode view need CUDA).
-TIMERS: dict[tuple[str, str], Callable[[int, float], Timer]] = {
-    ("cpu", "eager"): lambda nbytes, busy_us: WallTimer("eager", max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))),
-    ("cpu", "isolated"): lambda nbytes, busy_us: WallTimer("isolated", 1),
-    ("cuda", "eager"): lambda nbytes, busy_us: CudaBackToBackTimer(),
-    ("cuda", "isolated"): lambda nbytes, busy_us: CudaIsolatedTimer(),
-    ("cuda", "graph"): lambda nbytes, busy_us: CudaGraphTimer(),
-    ("cuda", "decode"): lambda nbytes, busy_us: CudaDecodeTimer(busy_us),
+#: (device type, view) -> (call bytes, busy kernel us, calls per sample or None for the view's own) -> timer.
+#: The sweep leaves the calls to the view; the start-up ladder sizes them by the checked call's time.
+TIMERS: dict[tuple[str, str], Callable[..., Timer]] = {
+    ("cpu", "eager"): lambda nbytes, busy_us, calls=None: WallTimer(
+        "eager", calls or max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))),
+    ("cpu", "isolated"): lambda nbytes, busy_us, calls=None: WallTimer("isolated", 1),
+    ("cuda", "eager"): lambda nbytes, busy_us, calls=None: CudaBackToBackTimer(calls or EAGER_OPS_PER_SAMPLE),
+    ("cuda", "isolated"): lambda nbytes, busy_us, calls=None: CudaIsolatedTimer(),
+    ("cuda", "graph"): lambda nbytes, busy_us, calls=None: CudaGraphTimer(calls or GRAPH_OPS_PER_SAMPLE),
+    ("cuda", "decode"): lambda nbytes, busy_us, calls=None: CudaDecodeTimer(busy_us, calls or EAGER_OPS_PER_SAMPLE),
 }
 
 
@@ -241,10 +244,10 @@ def has_timer(device: torch.device, view: str) -> bool:
     return (device.type, view) in TIMERS
 
 
-def make_timer(device: torch.device, view: str, nbytes: int, busy_us: float = DECODE_BUSY_US) -> Timer:
+def make_timer(device: torch.device, view: str, nbytes: int, busy_us: float = DECODE_BUSY_US, calls: int | None = None) -> Timer:
     """The timer for one point: `nbytes` is the call's size, which some views size their samples by;
-    `busy_us` the decode view's busy kernel."""
+    `busy_us` the decode view's busy kernel; `calls` per sample where the caller sizes them (not the isolated view)."""
     try:
-        return TIMERS[(device.type, view)](nbytes, busy_us)
+        return TIMERS[(device.type, view)](nbytes, busy_us, calls)
     except KeyError:
         raise ValueError(f"no {view!r} timer for {device.type} tensors; known: {sorted(TIMERS)}") from None

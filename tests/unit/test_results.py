@@ -229,3 +229,18 @@ def test_metadata_with_a_number_json_cannot_hold_is_refused_and_the_earlier_file
     with pytest.raises(ArxtuneError, match="not finite"):
         results._write_json_atomic(path, {"fabric_floor_us": float("inf")})
     assert path.read_text() == '{"fabric_floor_us": 24.6}\n'
+
+
+def test_a_point_or_a_whole_run_with_a_sample_that_is_not_finite_is_refused_and_nothing_is_left(tmp_path):
+    from arxtune.runtime import runs
+
+    bad = PointRecord("gloo", "all_reduce", "float32", "eager", 4096, 4096, 1, "ok", (1.0, float("nan")), round_iters=(2,))
+    meta = RunMeta(run_id="r", world_size=1, device_type="cpu", config={}, baseline="gloo", started="2026-12-07T00:00:00+00:00")
+    with pytest.raises(ArxtuneError, match="not finite"):
+        runs.write_run(tmp_path, meta, [bad])
+    assert not (tmp_path / "r").exists()
+    good = PointRecord("gloo", "all_reduce", "float32", "eager", 4096, 4096, 1, "ok", (1.0, 2.0), round_iters=(2,))
+    path = runs.write_run(tmp_path, meta, [good])
+    assert [r.samples_us for r in load_run(path).records] == [(1.0, 2.0)]
+    with pytest.raises(runs.RunExists):
+        runs.write_run(tmp_path, meta, [good])

@@ -32,6 +32,7 @@ from arxtune.harness.e2e.plot import plot_e2e
 from arxtune.harness.e2e.result import load_result, ratio, report_lines, summarize_arms, write_result
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.fileio import Staged, check_name, check_run_folder
+from arxtune.runtime.runs import RunExists, new_run_dir
 
 __all__ = ["BASELINE_ARM", "E2E_VERSION", "KIND", "THRESHOLDS_ARM", "TINY_MODEL", "VLLM_BASELINE", "Arm", "E2EConfig",
            "engine_spec", "forced_thresholds", "load_result", "make_arms", "plot_e2e", "prompt_token_ids", "ratio",
@@ -51,11 +52,9 @@ def run_e2e(cfg: E2EConfig, run_id: str | None = None, say=print) -> Path:
     if cfg.node_rank > 0:
         run_dir = run_dir.with_name(run_dir.name + f"-node{cfg.node_rank}")
     try:
-        run_dir.mkdir()
-    except FileExistsError:
+        new_run_dir(run_dir.parent, run_dir.name)
+    except RunExists:
         raise ArxtuneError(f"{run_dir} exists; results are never overwritten: pass another --run-id") from None
-    except OSError as exc:
-        raise ArxtuneError(f"cannot create {run_dir} ({exc.strerror}); choose another --out") from None
     arms = make_arms(cfg, run_dir)
     engines: list[dict] = []
     for repeat in range(cfg.repeats):

@@ -24,7 +24,8 @@ from arxtune import __version__
 from arxtune.harness.decision import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
-from arxtune.runtime.thresholds import (MAX_MARGIN, MODES, BackendSetup, Fingerprint, Model, Range, SourceRun, Table, Thresholds,
+from arxtune.runtime.fingerprint import Fingerprint
+from arxtune.runtime.thresholds import (MAX_MARGIN, MODES, BackendSetup, Model, Range, SourceRun, Table, Thresholds,
                                          merge_adjacent, ranges_from_points)
 
 DEFAULT_MARGIN = 0.05

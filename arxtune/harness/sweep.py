@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from arxtune import __version__
-from arxtune.runtime import distributed
+from arxtune.harness import distributed
 from arxtune.runtime.backends import OPS, Backend, GroupContext
 from arxtune.runtime.backends.startup import default_baseline, open_backends
 from arxtune.runtime.ops import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, mismatch, size_grid

@@ -30,11 +30,12 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.backends.base import Backend, GroupContext
+from arxtune.runtime.backends.base import Backend
 from arxtune.runtime.backends.startup import default_baseline
 from arxtune.runtime import ladder
 from arxtune.runtime.dispatch import Dispatch, load_for_group
 from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.group import GroupContext
 from arxtune.runtime.thresholds import Thresholds
 
 log = logging.getLogger("arxtune")

@@ -20,12 +20,12 @@ from typing import Callable
 import torch
 
 from arxtune.runtime import env, ladder
-from arxtune.runtime.backends.base import Backend, GroupContext
-from arxtune.runtime.backends.startup import agreed_reason, open_backends
-from arxtune.runtime.distributed import all_max, gather_objects
+from arxtune.runtime.backends.base import Backend
+from arxtune.runtime.backends.startup import open_backends
+from arxtune.runtime.group import GroupContext, agreed_reason, all_max, gather_objects
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.ops import OP_SPECS, differs, dtype_name
-from arxtune.runtime.router import Opened, backend_context, open_router, parse_overrides
+from arxtune.runtime.router import Opened, backend_context, check_names, open_router, parse_overrides
 from arxtune.runtime.thresholds import Thresholds, load
 from arxtune.runtime.units import format_bytes
 
@@ -55,7 +55,7 @@ def read_thresholds(world_size: int, source: str | Path | Thresholds | None = No
             return None, path, (f"no thresholds file at {path} (set {env.THRESHOLDS.name}, or write one with "
                                 "`arxtune calibrate RUN --install`)")
         try:
-            thresholds = load(path)
+            thresholds = check_names(load(path), str(path))
         except ArxtuneError as exc:
             return None, path, str(exc)
         where = str(path)

@@ -40,10 +40,10 @@ import torch
 import torch.distributed as dist
 
 from arxtune.runtime import env
-from arxtune.runtime.backends.base import Backend, GroupContext
+from arxtune.runtime.backends.base import Backend
 from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, clearly_faster, undecided
 from arxtune.runtime.fingerprint import host_facts, nccl_version
-from arxtune.runtime.distributed import all_max, gather_objects, max_per_iteration
+from arxtune.runtime.group import GroupContext, all_max, gather_objects, max_per_iteration
 from arxtune.runtime.ops import DTYPES, OP_SPECS, OPS, elements_per_rank, expected_output, make_input, mismatch
 from arxtune.runtime.thresholds import Range, Table, Thresholds, merge_adjacent, ranges_from_points
 from arxtune.runtime.timing import CudaBackToBackTimer, CudaGraphTimer, WallTimer

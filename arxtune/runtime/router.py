@@ -33,11 +33,12 @@ from typing import Callable
 
 import torch
 
-from arxtune.runtime.backends import GroupContext, check_extra
-from arxtune.runtime.backends.startup import gather_objects, open_backends
+from arxtune.runtime.backends import check_extra, names, split_name
+from arxtune.runtime.backends.startup import open_backends
+from arxtune.runtime.group import GroupContext, gather_objects
 from arxtune.runtime.ops import DTYPES, OPS
 from arxtune.runtime.units import format_bytes, parse_bytes
-from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime.fingerprint import host_facts, running_fingerprint
 from arxtune.runtime.thresholds import MODES, Range, Thresholds, merge_adjacent
 from arxtune.runtime import env
@@ -97,6 +98,17 @@ def overlay(ranges: tuple[Range, ...], lo: int, hi: int | None, backend: str) ->
     out.append(Range(lo, hi, backend, "override"))
     out.sort(key=lambda r: r.lo)
     return merge_adjacent(out)
+
+
+def check_names(thresholds: Thresholds, source: str = "thresholds") -> Thresholds:
+    """The file, when every backend it names is one this process can open (built in or ARXTUNE_EXTRA_BACKENDS);
+    else one FormatError naming the first field that is not. The file's parser checks only that names are names."""
+    known = names()
+    for where, name in thresholds.named_backends():
+        if split_name(name)[0] not in known:
+            raise FormatError(f"{source}: {where} {name!r} is unknown; known: {', '.join(known)}; regenerate it with "
+                              "`arxtune calibrate RUN [RUN ...]` or name the backend in {env.EXTRA_BACKENDS.name}")
+    return thresholds
 
 
 def mode_tables(thresholds: Thresholds | None, world: int, overrides: tuple[Override, ...] = ()) -> tuple[dict, list[str]]:

@@ -274,7 +274,7 @@ def read_thresholds(world_size: int, model_dtype=None):
 def _open_dispatch(comm):
     started = time.perf_counter()
     from arxtune.runtime import dispatch
-    from arxtune.runtime.backends.base import GroupContext
+    from arxtune.runtime.group import GroupContext
 
     device = comm.device
     ctx = GroupContext(comm.rank_in_group, comm.world_size, device.index or 0, device, comm.cpu_group,

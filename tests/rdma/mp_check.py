@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from arxtune.runtime.backends import create
-from arxtune.runtime.backends.base import GroupContext
+from arxtune.runtime.group import GroupContext
 from arxtune.runtime.ops import OP_SPECS, expected_output, make_input, mismatch
 from arxtune.runtime.rdma.device import read_devices
 

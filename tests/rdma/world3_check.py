@@ -35,7 +35,7 @@ from arxtune.harness import sweep
 from arxtune.harness.calibrate import calibrate
 from arxtune.harness.config import from_mapping
 from arxtune.harness.results import load_run
-from arxtune.runtime import distributed
+from arxtune.harness import distributed
 from arxtune.runtime.communicator import Communicator
 from arxtune.runtime.ops import expected_output, make_input, mismatch
 from arxtune.runtime.rdma import RdmaConfig, connect, gloo_exchange, reach

@@ -17,7 +17,8 @@ from __future__ import annotations
 import importlib
 import re
 
-from arxtune.runtime.backends.base import OPS, Backend, BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import OPS, Backend, BackendUnavailable
+from arxtune.runtime.group import GroupContext
 from arxtune.runtime import env
 
 #: backend name -> "module:Class"; the order is the order of sweeps and plots.

@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from arxtune.runtime.rdma import Collectives, RdmaConfig, RdmaUnavailable, connect, gloo_exchange
 from arxtune.runtime.errors import ArxtuneError
-from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 #: dtypes whose sum torch computes the same way on every rank (no bool / complex)
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64})

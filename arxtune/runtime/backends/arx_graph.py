@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.rdma import RdmaConfig, RdmaUnavailable, gloo_exchange
-from arxtune.runtime.backends.base import OPS, BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import OPS, BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 
 #: options that record what a run chose (effective_options), ignored when a file's options are read back

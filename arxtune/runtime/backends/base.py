@@ -27,8 +27,7 @@ synchronising and records what it raises as the point's error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -41,24 +40,6 @@ class BackendUnavailable(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class GroupContext:
-    """What a backend gets to set itself up: who we are and how to talk to peers."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    cpu_group: Any  # a gloo ProcessGroup: always there, for set-up exchanges
-    device_group: Any = None  # the torch.distributed group for the device (NCCL on CUDA)
-    options: dict = field(default_factory=dict)  # per-backend options from the config, by backend name
-
-    def options_for(self, backend: str) -> dict:
-        return dict(self.options.get(backend, {}))
-
-
 
 
 class Backend(Protocol):

@@ -39,8 +39,9 @@ import torch
 import torch.distributed as dist
 
 from arxtune.runtime import native
-from arxtune.runtime.distributed import gather_objects
-from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime.group import gather_objects
+from arxtune.runtime.backends.base import BackendUnavailable
+from arxtune.runtime.group import GroupContext
 from arxtune.runtime.backends.nccl_variant import NcclVariant
 from arxtune.runtime import env
 

@@ -12,7 +12,8 @@ from typing import ClassVar
 import torch
 
 from arxtune.runtime.units import parse_bytes
-from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 DEFAULT_MAX_BYTES = 64 << 20
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -12,7 +12,8 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 # Newer torch renamed the tensor-in/tensor-out collectives; older ones (the GPU images) lack the new names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -27,8 +27,9 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.distributed import gather_objects
-from arxtune.runtime.backends.base import OPS, BackendUnavailable, GroupContext
+from arxtune.runtime.group import gather_objects
+from arxtune.runtime.backends.base import OPS, BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 
 class VllmCpuBackend:

@@ -17,7 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from arxtune.runtime.backends.base import OPS, BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import OPS, BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 

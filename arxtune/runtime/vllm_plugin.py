@@ -150,8 +150,8 @@ class ArxtuneRouting:
 
     @property
     def arxtune_routes(self):
-        """What start-up opened (arxtune.runtime.router.Opened), or None."""
-        return self.arxtune_dispatch.opened if self.arxtune_dispatch else None
+        """What start-up decided (arxtune.runtime.dispatch.Started), or None."""
+        return self.arxtune_dispatch.started if self.arxtune_dispatch else None
 
     @property
     def arxtune_calls(self) -> Counter:
@@ -272,7 +272,7 @@ def read_thresholds(world_size: int, model_dtype=None):
 
 
 def _open_dispatch(comm):
-    started = time.perf_counter()
+    started_s = time.perf_counter()
     from arxtune.runtime import dispatch
     from arxtune.runtime.group import GroupContext
 
@@ -284,24 +284,20 @@ def _open_dispatch(comm):
         _say(comm, logging.WARNING, loaded.why)
         return None
     thresholds = loaded.usable
-
-    def native(name: str) -> bool:  # ranges vLLM's own communicator already serves
-        return name == thresholds.baseline or name.startswith("vllm_")
-
-    routes = dispatch.Dispatch(ctx, loaded, VLLM_PATH, native)
-    opened = routes.opened
-    taken = opened.router.takes_anything
-    if opened.problems:
-        _say(comm, logging.WARNING, "; ".join(opened.problems) + ("; those ranges use vLLM's path" if taken else ""),
+    routes = dispatch.Dispatch(ctx, loaded, dispatch.Caller(own_path=VLLM_PATH, own_framework="vllm"))
+    started = routes.started
+    taken = started.router.takes_anything
+    if started.problems:
+        _say(comm, logging.WARNING, "; ".join(started.problems) + ("; those ranges use vLLM's path" if taken else ""),
              everything_to_vllm=not taken)
     if not taken:
         routes.close()
-        if not opened.problems:
-            ladder = f" ({routes.ladder.line})" if routes.ladder is not None else ""
+        if not started.problems:
+            ladder = f" ({started.ladder.line})" if started.ladder is not None else ""
             _say(comm, logging.INFO, f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}{ladder}"
-                 f"; set up in {time.perf_counter() - started:.2f} s")
+                 f"; set up in {time.perf_counter() - started_s:.2f} s")
         return None
     run_ids = ", ".join(r.run_id for r in thresholds.runs)
-    _say(comm, logging.INFO, f"{opened.line}; everything else goes to vLLM's {_base_name(comm)} "
-         f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''}); set up in {time.perf_counter() - started:.2f} s")
+    _say(comm, logging.INFO, f"{started.line}; everything else goes to vLLM's {_base_name(comm)} "
+         f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''}); set up in {time.perf_counter() - started_s:.2f} s")
     return routes

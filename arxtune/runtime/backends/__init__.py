@@ -45,6 +45,11 @@ FRAMEWORKS: dict[str, str] = {"vllm_cpu": "vllm", "vllm_pynccl": "vllm", "vllm_c
 ENV_EXTRA = env.EXTRA_BACKENDS.name
 
 
+def framework(name: str) -> str:
+    """The framework whose own communicator `name` (or a variant of it) is, '' for arxtune's own and site backends."""
+    return FRAMEWORKS.get(name.partition("[")[0], "")
+
+
 def register(name: str, target: str) -> None:
     """Add a backend defined outside arxtune ("package.module:Class"), e.g. a site-specific transport."""
     if ":" not in target:

@@ -76,7 +76,7 @@ def arxtune_nccl() -> tuple[str, int]:
     """The libnccl file arxtune's `nccl` backend loads (torch's), and its version code."""
     import torch  # noqa: F401  (loads torch's NCCL, which the backend then finds by soname)
 
-    from arxtune.runtime.backends.nccl import NcclLibrary
+    from arxtune.runtime.backends.nccl_lib import NcclLibrary
 
     lib = NcclLibrary()
     path = lib.path()

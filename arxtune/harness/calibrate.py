@@ -3,7 +3,7 @@
 Several runs (world sizes, runtime modes) merge into one file; conflicts are
 an error unless the caller names the run that wins (see `calibrate`).
 
-Per (op, dtype) and measured size the choice is decision.measured_winners':
+Per (op, dtype) and measured size the choice is winners.measured_winners':
 the baseline keeps the point unless another correct backend beats it with
 confidence, by more than `margin`, over a run of consecutive sizes. Sizes outside the measured grid get the choice predicted by the alpha-beta
 fits of the baseline and of the backend that won the nearest measured size,
@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from arxtune import __version__
-from arxtune.harness.decision import measured_winners
+from arxtune.harness.winners import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 from arxtune.runtime.fingerprint import Fingerprint

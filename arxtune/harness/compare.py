@@ -1,7 +1,7 @@
 """Do two runs of the same grid make the same choices? (`arxtune compare RUN_A RUN_B`)
 
 Per point (op, dtype, view, size measured in both runs) each run's choice
-comes from the measured decision rule (decision.py). The two agree when they
+comes from the measured decision rule (winners.py). The two agree when they
 choose the same backend, or backends whose pooled medians (both runs'
 samples together) are within `tolerance` of each other: either choice would
 then serve as well. Regret is what a run's choice costs when judged by the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from arxtune.harness.decision import measured_winners
+from arxtune.harness.winners import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 

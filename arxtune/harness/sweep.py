@@ -39,7 +39,7 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
 from arxtune.harness.launch import JOINED_LINE, RUN_PREFIX, tell_launcher
 from arxtune.harness.nccl_facts import LogCapture
-from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, undecided
+from arxtune.runtime.faster import DEFAULT_MARGIN, PointTimes, undecided
 from arxtune.runtime.timing import Timer, has_timer, make_timer
 
 ESTIMATE_CALLS = 3

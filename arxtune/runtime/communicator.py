@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 
 from arxtune.runtime.backends.base import Backend
-from arxtune.runtime import ladder
 from arxtune.runtime.dispatch import Caller, Dispatch, load_for_group
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.group import GroupContext
@@ -98,7 +97,7 @@ class Communicator:
         self.ctx = ctx
         loaded = load_for_group(ctx, thresholds)
         # The baseline asked for, else the file's where it can run here, else this device's torch.distributed backend.
-        self.dispatch = Dispatch(ctx, loaded, Caller(baseline=baseline, candidates=ladder.candidates(ctx.device), capturing=capturing))
+        self.dispatch = Dispatch(ctx, loaded, Caller(baseline=baseline, candidates=True, capturing=capturing))
         self.baseline: Backend = self.dispatch.backends[self.baseline_name]
         if ctx.rank == 0:  # the ranks agree on all of it: the group's rank 0 says it once
             if loaded.why and self.thresholds is not None:

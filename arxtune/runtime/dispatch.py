@@ -132,7 +132,7 @@ class Caller:
     own_path: str = ""  # the name calls the caller serves itself are counted under; '': a baseline backend serves them
     own_framework: str = ""  # the caller's framework: its communicators' ranges are the caller's own path too
     baseline: str | None = None  # the baseline asked for; else the file's; else this device's torch.distributed backend
-    candidates: tuple[str, ...] = ()  # what the start-up ladder may time for a group without a file (under adjust)
+    candidates: bool = False  # a group without a file: the start-up ladder (adjust) may time each backend's start_up_candidate
     capturing: Callable[[], bool] | None = None  # default: capture_check(device)
 
 
@@ -239,7 +239,7 @@ class Dispatch:
             line += f", verify off ({env.VERIFY.name}: no baseline could open to compare with)"
         self.started = Started(loaded, in_force, verdict, baseline, router, line, problems, outcome)
 
-    def _ladder(self, policy: str, thresholds: Thresholds | None, also_open: tuple[str, ...], candidates: tuple[str, ...],
+    def _ladder(self, policy: str, thresholds: Thresholds | None, also_open: tuple[str, ...], candidates: bool,
                 fallback: str) -> tuple[Thresholds | None, tuple[dict, dict], ladder.Outcome]:
         """Open what the ladder times, run it, and hand the opened backends to the router; any failure keeps the file."""
         ctx = self.ctx
@@ -249,7 +249,8 @@ class Dispatch:
         else:  # candidates open for the ladder alone: their opening is part of its budget
             since = time.monotonic()
             named = {o.backend for o in parse_overrides(env.OVERRIDES.get())}
-            wanted, left = ladder.within_reach(candidates, named) if policy == "adjust" else ((), {})
+            asked = ladder.candidates(ctx.device) if candidates and policy == "adjust" else ()
+            wanted, left = ladder.within_reach(asked, named) if asked else ((), {})
         wanted = list(dict.fromkeys(list(also_open) + list(wanted)))
         baseline = thresholds.baseline if thresholds else (also_open[0] if also_open else fallback)
         opened, status = open_backends(wanted, backend_context(ctx, thresholds))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arxtune.runtime import env, ladder
-from arxtune.runtime.decision import PointTimes, clearly_faster
+from arxtune.runtime.faster import PointTimes, clearly_faster
 from arxtune.runtime.ladder import Boundary, Judged, Measured, adjusted, boundaries, judge, move_boundary, placed, probe_sizes, winner
 from arxtune.runtime.thresholds import Range, Table, Thresholds, validate_ranges
 

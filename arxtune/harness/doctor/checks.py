@@ -384,58 +384,24 @@ def check_arxg(host: Host) -> list[Row]:
     return rows
 
 
-def arx_reason(cfg: RdmaConfig | None = None) -> str | None:
-    """Why arx cannot run here, or None if it can (checked locally, without a process group)."""
-    from arxtune.runtime.rdma.device import check_memlock, select_endpoints
+def backend_reasons() -> dict[str, str | None]:
+    """Why each backend cannot run here (None: it can), as its class says without a group; a backend whose class
+    cannot tell (no `why_not_here`) is left out: a sweep under torchrun finds out."""
+    from arxtune.runtime.backends import names, why_not_here
 
-    try:
-        cfg = cfg or RdmaConfig.resolve()
-        from arxtune.runtime.rdma.connection import PYVERBS_IMPORT_ERROR
-
-        if PYVERBS_IMPORT_ERROR is not None:
-            return f"pyverbs not importable ({PYVERBS_IMPORT_ERROR}); install it: {PYVERBS_FIX}"
-        eps = select_endpoints(cfg, read_devices())
-        check_memlock(Layout(2, cfg.slots, cfg.max_bytes, len(eps)).total_bytes)
-    except Exception as exc:
-        return str(exc)
-    return None
-
-
-def backend_reasons(cfg: RdmaConfig | None = None) -> dict[str, str | None]:
-    """Why each built-in backend cannot run here (None: it can); backends not named are not checked without torchrun."""
-    import torch
-    import torch.distributed as dist
-
-    if cfg is None:
+    reasons: dict[str, str | None] = {}
+    for name in names():
         try:
-            cfg = RdmaConfig.resolve()
-        except Exception:  # a bad arx setting is arx's reason, said by arx_reason
-            cfg = None
-
-    reasons: dict[str, str | None] = {
-        "gloo": None if dist.is_available() and dist.is_gloo_available() else "this torch build has no gloo",
-        "nccl": ("this torch build has no NCCL" if not (dist.is_available() and dist.is_nccl_available())
-                 else None if torch.cuda.is_available() else "no CUDA GPU"),
-    }
-    reasons["torch_nccl"] = reasons["nccl"]
-    arx = arx_reason(cfg)
-    reasons["arx"] = reasons["arx2"] = arx
-    no_cuda = None if torch.cuda.is_available() else "needs CUDA tensors; no CUDA GPU"
-    reasons["symm_mem"] = reasons["symm_mem2"] = no_cuda
-    reasons["arxg"] = no_cuda or (None if importlib.util.find_spec("triton") or env.ARXG_KERNELS.is_set() else
-                                  "needs Triton to build its kernels, or a build made elsewhere (ARXTUNE_ARXG_KERNELS)")
-    no_vllm = None if importlib.util.find_spec("vllm") else "vllm is not installed (pip install 'arxtune[vllm]')"
-    reasons["vllm_cpu"] = no_vllm
-    for name in ("vllm_pynccl", "vllm_custom_ar", "vllm_symm_mem"):
-        reasons[name] = no_vllm or no_cuda
+            reasons[name] = why_not_here(name)
+        except KeyError:
+            continue
     return reasons
 
 
 def check_backends(host: Host) -> list[Row]:
     from arxtune.runtime.backends import names
 
-    cfg, _ = _config()
-    reasons = backend_reasons(cfg)
+    reasons = backend_reasons()
     rows = []
     for name in names():
         if name not in reasons:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from arxtune.runtime.group import gather_objects
-from arxtune.runtime.backends.base import OPS, BackendUnavailable
+from arxtune.runtime.backends.base import OPS, BackendUnavailable, no_vllm
 from arxtune.runtime.group import GroupContext
 
 
@@ -36,6 +36,12 @@ class VllmCpuBackend:
     name: ClassVar[str] = "vllm_cpu"
     capturable: ClassVar[bool] = False
     ops: ClassVar[tuple[str, ...]] = OPS
+    framework: ClassVar[str] = "vllm"
+    start_up_candidate: ClassVar[tuple[str, ...]] = ("cpu",)
+
+    @classmethod
+    def why_not_here(cls) -> str | None:
+        return no_vllm()
 
     def __init__(self, ctx: GroupContext):
         if ctx.device.type != "cpu":

@@ -9,7 +9,7 @@ RDMA_STAMP := $(VENV)/.arxtune-rdma
 # The rdma extra's pyverbs: the registry's source built once per version and Python (arxtune/harness/pyverbs_wheel.py).
 PYVERBS_CACHE ?= .cache/pyverbs
 
-.PHONY: venv venv-rdma run test test-rdma test-vllm test-vllm-guest-engine test-gpu bench clean
+.PHONY: venv venv-rdma run lint test test-rdma test-vllm test-vllm-guest-engine test-gpu bench clean
 
 venv: $(STAMP)
 
@@ -33,9 +33,15 @@ $(STAMP): pyproject.toml
 run: venv
 	$(BIN)/arxtune sweep --views eager,graph
 
-# The tiers `make test` runs, cheapest first; each prints its wall time. tests/rdma's device tests
+# Lint and type check over arxtune/, tests/ (the GPU tier included) and benchmarks/, settings in pyproject.toml:
+# the checks that catch what CI cannot run (a GPU test reading a renamed field). Seconds with mypy's cache.
+lint: venv
+	$(BIN)/ruff check arxtune tests benchmarks
+	$(BIN)/mypy
+
+# The tiers `make test` runs, cheapest first, after lint; each prints its wall time. tests/rdma's device tests
 # (marked rdma) wait for `make test-rdma`; its fake-fabric tests run here.
-test: venv
+test: venv lint
 	$(BIN)/python -m pytest -q tests/unit
 	$(BIN)/python -m pytest -q tests/multiproc
 	$(BIN)/python -m pytest -q tests/rdma -m "not rdma"

@@ -16,7 +16,7 @@ from arxtune.runtime.errors import ArxtuneError
 class _OneLineErrors(typer.core.TyperGroup):
     """A flag typer cannot parse (`--margin abc`, an unknown option) is one line too, like every other error."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
         from typer import _click  # the click typer ships with; its exceptions are what parsing raises
 
         try:
@@ -269,7 +269,7 @@ def calibrate(
         if export == "nccl-tuner":
             tuner_target = check_output(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out", inputs, is_tuner_file)
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
-        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
+        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)  # type: ignore[arg-type]
         for warning in baseline_warnings(loaded, baseline):
             typer.echo(f"arxtune: warning: {warning}", err=True)
         text = thresholds.to_text()

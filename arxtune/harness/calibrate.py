@@ -215,7 +215,7 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         final.append(Table(t.op, t.dtype, t.world_size, ranges, t.mode, t.run_id, t.view))
     kept = {t.run_id for t in final}
     # A model stays where its run's table was kept.
-    models = [m for run_id, m in models if (t := chosen.get((m.mode, m.op, m.dtype, m.world_size))) and t[1].run_id == run_id]
+    models = [m for run_id, m in models if (t := chosen.get((m.mode, m.op, m.dtype, m.world_size))) and t[1].run_id == run_id]  # type: ignore[assignment, index, misc]
     provenance = {
         "runs": [r.meta.run_id for r in runs if r.meta.run_id in kept], "views": used_views, "prefer": preferred.meta.run_id if preferred else None,
         "world_sizes": sorted({t.world_size for t in final}), "modes": sorted({t.mode for t in final}),
@@ -223,7 +223,7 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         "arxtune_version": __version__,
     }
     sources = tuple(SourceRun(r.meta.run_id, fingerprints[r.meta.run_id]) for r in runs if r.meta.run_id in kept)
-    return Thresholds(baseline, margin, provenance, tuple(sorted(final, key=lambda t: t.key)), tuple(models), sources,
+    return Thresholds(baseline, margin, provenance, tuple(sorted(final, key=lambda t: t.key)), tuple(models), sources,  # type: ignore[arg-type]
                       {name: s for name, (_, s) in setup.items()})
 
 

@@ -137,5 +137,5 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.
         agree = ca == cb or max(ratio, 1 / ratio) <= 1 + tolerance
         (regret_a, raw_a) = regret(_medians_at(medians_b, point), ca, cb)
         (regret_b, raw_b) = regret(_medians_at(medians_a, point), cb, ca)
-        points.append(PointComparison(*point, ca, cb, ratio, regret_a, regret_b, bool(agree), raw_a, raw_b))
+        points.append(PointComparison(*point, ca, cb, ratio, regret_a, regret_b, bool(agree), raw_a, raw_b))  # type: ignore[call-arg]
     return Comparison(tuple(points), tolerance)

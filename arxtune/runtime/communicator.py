@@ -173,7 +173,7 @@ class Communicator:
             return
         _OPEN.discard(self)
         self.dispatch.close()
-        self.baseline = _Closed()
+        self.baseline = _Closed()  # type: ignore[assignment]
         group = self.ctx.cpu_group
         self.ctx = self.dispatch.ctx = dataclasses.replace(self.ctx, cpu_group=None, device_group=None)
         _end_group(group)

@@ -233,7 +233,7 @@ class Dispatch:
         reference = next((opened.backends[n] for n in also_open if n in opened.backends), None)
         if every and reference is not None:
             self._verify = Verifier(self, reference, every)
-            self.run = self._verify.run  # the plain run stays the class's: no cost per call without ARXTUNE_VERIFY
+            self.run = self._verify.run  # type: ignore[method-assign]  # the plain run stays the class's: no cost per call without ARXTUNE_VERIFY
             line += f", verify 1 call in {every} against {reference_name(opened.backends, reference)}"
         elif every:
             line += f", verify off ({env.VERIFY.name}: no baseline could open to compare with)"
@@ -244,14 +244,15 @@ class Dispatch:
         """Open what the ladder times, run it, and hand the opened backends to the router; any failure keeps the file."""
         ctx = self.ctx
         since, left = None, {}
+        wanted: tuple[str, ...]
         if thresholds is not None:  # what the file names opens for serving anyway: the budget starts after it
-            wanted = sorted({r.backend for t in thresholds.tables if t.world_size == ctx.world_size for r in t.ranges})
+            wanted = tuple(sorted({r.backend for t in thresholds.tables if t.world_size == ctx.world_size for r in t.ranges}))
         else:  # candidates open for the ladder alone: their opening is part of its budget
             since = time.monotonic()
             named = {o.backend for o in parse_overrides(env.OVERRIDES.get())}
             asked = ladder.candidates(ctx.device) if candidates and policy == "adjust" else ()
             wanted, left = ladder.within_reach(asked, named) if asked else ((), {})
-        wanted = list(dict.fromkeys(list(also_open) + list(wanted)))
+        wanted = tuple(dict.fromkeys(also_open + wanted))
         baseline = thresholds.baseline if thresholds else (also_open[0] if also_open else fallback)
         opened, status = open_backends(wanted, backend_context(ctx, thresholds))
         try:

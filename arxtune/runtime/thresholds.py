@@ -232,10 +232,10 @@ def _optional_strings(value, where: str) -> tuple[str, ...] | None:
 
 def _fingerprint(value, where: str) -> Fingerprint:
     f = schema.known_keys(schema.table(value, where), where, ("world_size",), [x.name for x in fields(Fingerprint)])
-    return Fingerprint(schema.integer(f["world_size"], f"{where}.world_size"), schema.string(f.get("device_type", ""), f"{where}.device_type"),
+    return Fingerprint(schema.integer(f["world_size"], f"{where}.world_size"), schema.string(f.get("device_type", ""), f"{where}.device_type"),  # type: ignore[call-arg]
                        schema.strings(f.get("hostnames", []), f"{where}.hostnames"),
                        schema.strings(f.get("device_names", []), f"{where}.device_names"),
-                       *(schema.optional_string(f.get(k), f"{where}.{k}") for k in ("driver_version", "torch_version", "nccl_version")),
+                       *(schema.optional_string(f.get(k), f"{where}.{k}") for k in ("driver_version", "torch_version", "nccl_version")),  # type: ignore[arg-type]
                        _optional_strings(f.get("rdma_devices"), f"{where}.rdma_devices"))
 
 

@@ -144,7 +144,7 @@ class ArxtuneRouting:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.arxtune_dispatch = None
-        if self.unique_name.split(":")[0] != GROUP_PREFIX or self.world_size < 2:
+        if self.unique_name.split(":")[0] != GROUP_PREFIX or self.world_size < 2:  # type: ignore[attr-defined]
             return
         self.arxtune_dispatch = setup_dispatch(self)
 
@@ -170,35 +170,35 @@ class ArxtuneRouting:
             return None
         backend = dispatch.pick(op, tensor)
         if _log_calls:
-            nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.world_size)
+            nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.world_size)  # type: ignore[attr-defined]
             log.info("arxtune: %s %s %d bytes -> %s", op, tensor.dtype, nbytes, backend.name if backend is not None else VLLM_PATH)
         return backend
 
     def all_reduce(self, input_):
         backend = self._arxtune_pick("all_reduce", input_)
         if backend is None:
-            return super().all_reduce(input_)
+            return super().all_reduce(input_)  # type: ignore[misc]
         return self.arxtune_dispatch.run(backend, "all_reduce", input_)
 
     def all_gather(self, input_, dim: int = -1):
         backend = self._arxtune_pick("all_gather", input_, eligible=input_.dim() > 0)
         if backend is None:
-            return super().all_gather(input_, dim)
+            return super().all_gather(input_, dim)  # type: ignore[misc]
         dim = dim + input_.dim() if dim < 0 else dim
         gathered = self.arxtune_dispatch.run(backend, "all_gather", input_)
         if dim == 0:
             return gathered
         # (world, *shape) with the world axis moved in front of `dim`, then merged with it.
         shape = tuple(input_.shape)
-        moved = gathered.view(self.world_size, *shape).movedim(0, dim)
-        return moved.reshape(*shape[:dim], self.world_size * shape[dim], *shape[dim + 1:])
+        moved = gathered.view(self.world_size, *shape).movedim(0, dim)  # type: ignore[attr-defined]
+        return moved.reshape(*shape[:dim], self.world_size * shape[dim], *shape[dim + 1:])  # type: ignore[attr-defined]
 
     def reduce_scatter(self, input_, dim: int = -1):
         dim = dim + input_.dim() if dim < 0 else dim
-        eligible = input_.dim() > 0 and dim == 0 and input_.shape[0] % self.world_size == 0
+        eligible = input_.dim() > 0 and dim == 0 and input_.shape[0] % self.world_size == 0  # type: ignore[attr-defined]
         backend = self._arxtune_pick("reduce_scatter", input_, eligible)
         if backend is None:
-            return super().reduce_scatter(input_, dim)
+            return super().reduce_scatter(input_, dim)  # type: ignore[misc]
         return self.arxtune_dispatch.run(backend, "reduce_scatter", input_)
 
     def custom_all_gather(self, input_):
@@ -211,7 +211,7 @@ class ArxtuneRouting:
 
     def custom_reduce_scatter(self, input_):
         """Sequence-parallel reduce-scatter along dim 0; None hands the call back to vLLM's caller."""
-        eligible = input_.dim() > 0 and input_.shape[0] % self.world_size == 0
+        eligible = input_.dim() > 0 and input_.shape[0] % self.world_size == 0  # type: ignore[attr-defined]
         backend = self._arxtune_pick("reduce_scatter", input_, eligible)
         if backend is not None:
             return self.arxtune_dispatch.run(backend, "reduce_scatter", input_)

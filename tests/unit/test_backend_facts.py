@@ -32,7 +32,7 @@ class Pigeon:
 @pytest.fixture
 def pigeon(monkeypatch):
     module = types.ModuleType("pigeon_site")
-    module.Pigeon = Pigeon
+    module.Pigeon = Pigeon  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pigeon_site", module)
     monkeypatch.setitem(backends.REGISTRY, "pigeon", "pigeon_site:Pigeon")
     return "pigeon"

@@ -7,7 +7,6 @@ each failure: ../shared/FIELD-NOTES.md section 11 (docs/gb10.md lists them row b
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,6 @@ from arxtune.harness import nccl_facts
 from arxtune.harness.doctor.host import Host
 from arxtune.harness.doctor.rows import FAIL, INFO, OK, WARN, Row
 from arxtune.harness.pyverbs_wheel import SYSTEM_NEEDS, full_version
-from arxtune.runtime import env
 from arxtune.runtime.rdma.config import RdmaConfig
 from arxtune.runtime.rdma.device import DeviceInfo, Endpoint, PortInfo, netdev_mtu, read_devices, select_gid
 from arxtune.runtime.rdma.errors import RdmaUnavailable
@@ -342,7 +340,7 @@ def check_gpus(host: Host) -> list[Row]:
         return [Row("gpus", INFO, "none (torch.cuda.is_available() is False)", data={"gpus": []})]
     rows = []
     for g in gpus:
-        yes = lambda k: {1: "yes", 0: "no", None: "unknown"}[g.get(k)]  # noqa: E731
+        yes = lambda k: {1: "yes", 0: "no", None: "unknown"}[g.get(k)]  # noqa: E731, B023 (used in this iteration)
         finding = (f"{g['name']} (sm_{g['capability'].replace('.', '')}), integrated {yes('integrated')}, pageable memory access "
                    f"{yes('pageable_memory_access')} (host page tables {yes('host_page_tables')}), GPUDirect RDMA "
                    f"{yes('gpu_direct_rdma')}, dma-buf {yes('dma_buf')}")

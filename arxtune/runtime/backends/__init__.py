@@ -190,7 +190,7 @@ def canonical(name: str) -> str:
     if not settings:
         return name
     variant = variant_of(name)[1]
-    return f"{base}[{','.join(f'{k}={v}' for k, v in variant.settings().items())}]"
+    return f"{base}[{','.join(f'{k}={v}' for k, v in variant.settings().items())}]"  # type: ignore[attr-defined]
 
 
 def problem(name: str) -> str:

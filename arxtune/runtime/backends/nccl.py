@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
-import os
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -114,7 +113,7 @@ class Rotation:
             for event in (start, end):
                 if not event.cuda_event:
                     event.record()  # torch creates an event at its first record
-            handles = (start.cuda_event, end.cuda_event)
+            handles = (start.cuda_event, end.cuda_event)  # type: ignore[assignment]
         elif timed:
             start.record()
         rc = self._loop(*self._head, b._stream(b.device_index), calls, record, *handles, *before)

@@ -39,12 +39,12 @@ lint: venv
 	$(BIN)/ruff check arxtune tests benchmarks
 	$(BIN)/mypy
 
-# The tiers `make test` runs, cheapest first, after lint; each prints its wall time. tests/rdma's device tests
-# (marked rdma) wait for `make test-rdma`; its fake-fabric tests run here.
+# The tiers `make test` runs, cheapest first, after lint; each prints its wall time. Tiers are directories:
+# tests/rdma/fake (a fake fabric) runs here, tests/rdma/device waits for `make test-rdma`.
 test: venv lint
 	$(BIN)/python -m pytest -q tests/unit
 	$(BIN)/python -m pytest -q tests/multiproc
-	$(BIN)/python -m pytest -q tests/rdma -m "not rdma"
+	$(BIN)/python -m pytest -q tests/rdma/fake
 
 test-rdma: venv-rdma
 	bash scripts/test-rdma.sh
@@ -59,7 +59,7 @@ test-vllm-guest-engine:
 # The GPU tier uses whichever Python has CUDA torch: this venv's, or the machine's own python3.
 GPU_PYTHON ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
 test-gpu:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q tests/gpu tests/rdma/test_device_tensors_fake.py -m "not rdma"
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q tests/gpu tests/rdma/fake/test_device_tensors_fake.py
 
 bench: venv
 	$(BIN)/python benchmarks/dispatch_overhead.py

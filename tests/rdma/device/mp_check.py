@@ -1,6 +1,6 @@
 """Multi-rank check of the arx backends under torchrun (one launch tests many cases).
 
-    torchrun --nproc-per-node 3 tests/rdma/mp_check.py [--bench] [--quick] [--arxg]
+    torchrun --nproc-per-node 3 tests/rdma/device/mp_check.py [--bench] [--quick] [--arxg]
 
 Every op x dtype x size for arx and arx2 against exact references (inputs are
 small integers, so every sum is exact), bit-identity across ranks, many

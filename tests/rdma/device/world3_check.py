@@ -1,6 +1,6 @@
 """Three ranks on three hosts: reachability, an arx sweep and the communicator, per topology, in one launch.
 
-    RANK=R WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=... MASTER_PORT=... python tests/rdma/world3_check.py --out DIR \
+    RANK=R WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=... MASTER_PORT=... python tests/rdma/device/world3_check.py --out DIR \
         --topology ring=rxe0,rxe1 --topology switch=rxe2,rxe3 --unreachable rxe0
 
 (torchrun's variables set by hand: torchrun's own agent would import torch once more in each guest,

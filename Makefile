@@ -10,7 +10,7 @@ RDMA_STAMP := $(VENV)/.arxtune-rdma
 # (arxtune/harness/pyverbs_wheel.py), kept in the user's cache as pip keeps the wheels it builds.
 PYVERBS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/arxtune/pyverbs
 
-.PHONY: venv venv-rdma run test test-rdma test-vllm test-vllm-guest-engine test-gpu bench clean
+.PHONY: venv venv-rdma run lint test test-rdma test-vllm test-vllm-guest-engine test-gpu bench clean
 
 venv: $(STAMP)
 
@@ -34,12 +34,18 @@ $(STAMP): pyproject.toml
 run: venv
 	$(BIN)/arxtune sweep --views eager,graph
 
-# The tiers `make test` runs, cheapest first; each prints its wall time. tests/rdma's device tests
-# (marked rdma) wait for `make test-rdma`; its fake-fabric tests run here.
-test: venv
+# Lint and type check over arxtune/, tests/ (the GPU tier included) and benchmarks/, settings in pyproject.toml:
+# the checks that catch what CI cannot run (a GPU test reading a renamed field). Seconds with mypy's cache.
+lint: venv
+	$(BIN)/ruff check arxtune tests benchmarks
+	$(BIN)/mypy
+
+# The tiers `make test` runs, cheapest first, after lint; each prints its wall time. Tiers are directories:
+# tests/rdma/fake (a fake fabric) runs here, tests/rdma/device waits for `make test-rdma`.
+test: venv lint
 	$(BIN)/python -m pytest -q tests/unit
 	$(BIN)/python -m pytest -q tests/multiproc
-	$(BIN)/python -m pytest -q tests/rdma -m "not rdma"
+	$(BIN)/python -m pytest -q tests/rdma/fake
 
 test-rdma: venv-rdma
 	bash scripts/test-rdma.sh
@@ -54,7 +60,7 @@ test-vllm-guest-engine:
 # The GPU tier uses whichever Python has CUDA torch: this venv's, or the machine's own python3.
 GPU_PYTHON ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
 test-gpu:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q tests/gpu tests/rdma/test_device_tensors_fake.py -m "not rdma"
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q tests/gpu tests/rdma/fake/test_device_tensors_fake.py
 
 bench: venv
 	$(BIN)/python benchmarks/dispatch_overhead.py

@@ -16,7 +16,7 @@ from arxtune.runtime.errors import ArxtuneError
 class _OneLineErrors(typer.core.TyperGroup):
     """A flag typer cannot parse (`--margin abc`, an unknown option) is one line too, like every other error."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
         from typer import _click  # the click typer ships with; its exceptions are what parsing raises
 
         try:
@@ -170,7 +170,8 @@ def sweep(
 
       torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 -m arxtune sweep -c configs/sweep/gb10-2node.toml
     """
-    from arxtune.runtime import backends as backend_registry, distributed, env
+    from arxtune.harness import distributed
+    from arxtune.runtime import backends as backend_registry, env
     from arxtune.harness import launch, sweep as sweep_mod
     from arxtune.harness.config import SweepConfig, load_config
     from arxtune.runtime.fileio import check_name, check_run_folder
@@ -268,7 +269,7 @@ def calibrate(
         if export == "nccl-tuner":
             tuner_target = check_output(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out", inputs, is_tuner_file)
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
-        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
+        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)  # type: ignore[arg-type]
         for warning in baseline_warnings(loaded, baseline):
             typer.echo(f"arxtune: warning: {warning}", err=True)
         text = thresholds.to_text()
@@ -345,10 +346,11 @@ def nccl_tuner_export(
     from arxtune.runtime.fileio import check_output, write_text_atomic
     from arxtune.runtime.nccl_tuner import is_tuner_file, tuner_csv
     from arxtune.runtime.thresholds import load
+    from arxtune.runtime.router import check_names
 
     try:
         _check_tuner_options(mode, dtype)
-        loaded = load(thresholds)
+        loaded = check_names(load(thresholds), str(thresholds))
         target = check_output(out, "--out", [thresholds], is_tuner_file)
         export = tuner_csv(loaded, mode, dtype)
         write_text_atomic(target, export.text, "NCCL tuner file")
@@ -404,13 +406,14 @@ def plot(
     from arxtune.harness.plot import plot_run
     from arxtune.harness.results import load_run
     from arxtune.runtime.thresholds import load
+    from arxtune.runtime.router import check_names
 
     try:
         if view is not None and mode is not None:
             raise ArxtuneError("--mode is the old name of --view; give only --view")
         loaded = load_run(run)
         default = loaded.path / "thresholds.json"
-        table = load(thresholds) if thresholds else (load(default) if default.exists() else None)
+        table = check_names(load(thresholds), str(thresholds)) if thresholds else (load(default) if default.exists() else None)
         typer.echo(f"plot: {plot_run(loaded, table, out, view if view is not None else mode, (thresholds,) if thresholds else ())}")
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
@@ -505,7 +508,8 @@ def doctor(
 
       torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint spark0:29500 -m arxtune doctor
     """
-    from arxtune.runtime import backends as backend_registry, distributed, env
+    from arxtune.harness import distributed
+    from arxtune.runtime import backends as backend_registry, env
 
     try:
         from arxtune.harness import doctor as doc

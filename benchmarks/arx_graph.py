@@ -253,11 +253,11 @@ def measure(memory: str, a, dtype: torch.dtype) -> list[dict]:
     floor = RanksOnOneGpu(1, RdmaConfig(max_bytes=4096, timeout_s=a.timeout_s), memory=memory)
     try:
         r0 = floor.ranks[0]
-        g = capture(lambda repeat: [r0.handshake() for _ in range(repeat)])
+        g = capture(lambda repeat: [r0.handshake() for _ in range(repeat)])  # type: ignore[func-returns-value]
         rows.append(row("handshake", "graph", memory, 0, time_span(g.replay, OPS_PER_GRAPH, a.warmup, a.samples), "graph"))
         del g
         rows.append(row("handshake", "eager", memory, 0, time_span(
-            lambda: [r0.handshake() for _ in range(a.eager_calls)], a.eager_calls, a.warmup, a.samples), "python"))
+            lambda: [r0.handshake() for _ in range(a.eager_calls)], a.eager_calls, a.warmup, a.samples), "python"))  # type: ignore[func-returns-value]
         rows.append(row("handshake", "isolated", memory, 0, time_span(r0.handshake, 1, a.warmup, a.samples), "python"))
         x = torch.zeros(1, device="cuda")
         rows.append(row("plain kernel", "isolated", memory, 0, time_span(lambda: x.add_(1), 1, a.warmup, a.samples), "python"))

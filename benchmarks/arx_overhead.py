@@ -61,9 +61,9 @@ WAITS = ("wait", "wait_sends", "poll")  # connection.py functions that spin for 
 
 def profile_breakdown(prof: cProfile.Profile, calls: int) -> list[str]:
     """Per call: arxtune's own Python (not counting spin-waits), spin-waits, torch ops, pyverbs calls."""
-    stats = pstats.Stats(prof).stats  # (file, line, func) -> (cc, nc, tottime, cumtime, callers)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # (file, line, func) -> (cc, nc, tottime, cumtime, callers)
     own = waits = torch_ops = verbs = 0.0
-    for (path, _, func), (_, _, tottime, cumtime, _) in stats.items():
+    for (path, _, func), (_, _, tottime, _cumtime, _) in stats.items():
         if "/arxtune/" in path:
             if path.endswith("connection.py") and func in WAITS:
                 waits += tottime

@@ -71,10 +71,10 @@ def breakdown(nbytes: int, world: int, dtype=torch.bfloat16) -> dict:
 
     row = {"bytes": nbytes, "world": world}
     for name, fn in (("d2h", d2h), ("h2d", h2d), ("reduce", gpu_reduce), ("cpu_reduce", cpu_reduce), ("h2d_out", h2d_out)):
-        row[name + "_us"] = timed_us(fn)
+        row[name + "_us"] = timed_us(fn)  # type: ignore[assignment]
     row["gpu_path_us"] = row["d2h_us"] + row["h2d_us"] + row["reduce_us"]
     row["cpu_path_us"] = row["d2h_us"] + row["cpu_reduce_us"] + row["h2d_out_us"]
-    row["d2h_gbps"] = nbytes / row["d2h_us"] / 1e3
+    row["d2h_gbps"] = nbytes / row["d2h_us"] / 1e3  # type: ignore[assignment]
     return row
 
 

@@ -39,7 +39,7 @@ CHILD = r"""
 import json, os, sys, time
 import torch.distributed as dist
 from arxtune.runtime.communicator import Communicator
-from arxtune.runtime.distributed import all_max
+from arxtune.runtime.group import all_max
 dist.init_process_group("gloo")
 dist.barrier()
 t0 = time.perf_counter()

@@ -76,7 +76,7 @@ def arxtune_nccl() -> tuple[str, int]:
     """The libnccl file arxtune's `nccl` backend loads (torch's), and its version code."""
     import torch  # noqa: F401  (loads torch's NCCL, which the backend then finds by soname)
 
-    from arxtune.runtime.backends.nccl import NcclLibrary
+    from arxtune.runtime.backends.nccl_lib import NcclLibrary
 
     lib = NcclLibrary()
     path = lib.path()
@@ -192,18 +192,18 @@ def main() -> int:
     print(f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt -c0':>7} {'nt graph':>9} "
           f"{'ax graph':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt -c0':>7} {'ax isolated':>12}")
     misses = []
-    for size in sorted(rounds[0]["eager"]):
+    for size in sorted(rounds[0]["eager"]):  # type: ignore[call-overload]
         cells = []
         for mode in ("eager", "graph"):
             p = paired(rounds, mode, size)
             if size in TARGET_SIZES and not within(p.ratio):
                 noise = "" if within(p.control) else f" (nccl-tests against itself: {p.control:.3f}, outside {TOLERANCE:.0%} too)"
                 misses.append(f"{mode} {size} B: {p.ratio:.3f}{noise}")
-            unchecked = _median(r.get(mode + "_c0", {}).get(size) for r in rounds)
+            unchecked = _median(r.get(mode + "_c0", {}).get(size) for r in rounds)  # type: ignore[assignment, attr-defined]
             cells.append(f"{p.theirs:>9.2f} {p.ours:>9.2f} {p.ratio:>6.3f} {p.spread_ours:>5.2f}/{p.spread_theirs:<6.2f} {p.control:>6.3f} "
                          f"{unchecked:>7.2f}")
         mark = " *" if size in TARGET_SIZES else ""
-        print(f"{size:>10} {cells[0]} {cells[1]} {_median(r['arxtune'].get(('isolated', size)) for r in rounds):>12.2f}{mark}")
+        print(f"{size:>10} {cells[0]} {cells[1]} {_median(r['arxtune'].get(('isolated', size)) for r in rounds):>12.2f}{mark}")  # type: ignore[attr-defined]
     print(f"* target sizes: within {TOLERANCE:.0%} -> " + ("all met" if not misses else "missed: " + "; ".join(misses)))
     return 1 if misses else 0
 

@@ -91,7 +91,7 @@ def one_gpu_nccl(port: int):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    from arxtune.runtime.backends.base import GroupContext
+    from arxtune.runtime.group import GroupContext
     from arxtune.runtime.backends.nccl import NcclBackend
 
     dev = torch.device("cuda", 0)

@@ -54,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     durations = {run_id: sweep(args, run_id) for run_id in ("rep-a", "rep-b")}
     runs = [load_run(Path(args.out) / run_id) for run_id in durations]
-    comparison = compare_runs(*runs)
+    comparison = compare_runs(*runs)  # type: ignore[arg-type]
     console().print(comparison_table(comparison))
     load = os.getloadavg()
     print(f"cpus {os.cpu_count()}, load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

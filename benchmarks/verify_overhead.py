@@ -28,7 +28,7 @@ CHILD = r"""
 import os, statistics, sys, time
 import torch, torch.distributed as dist
 from arxtune.runtime.communicator import Communicator
-from arxtune.runtime.distributed import all_max
+from arxtune.runtime.group import all_max
 from arxtune.runtime.thresholds import Range, Table, Thresholds
 calls, rounds, nbytes, settings = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
 dist.init_process_group("gloo")

@@ -58,7 +58,7 @@ timeout 240 $PY -m arxtune sweep -c configs/sweep/h200.toml --backends arxg,nccl
 tail -n 40 "$out/sweep.log"
 tar -czf "$out/sweep.tar.gz" -C "$tmp" . && rm -rf "$tmp"
 step "gpu tier"
-PYTEST_ADDOPTS=-rs timeout 240 make test-gpu GPU_PYTHON="$PY" > "$out/test-gpu.log" 2>&1 || status=1
+ARXTUNE_REQUIRE_GPU=1 PYTEST_ADDOPTS=-rs timeout 240 make test-gpu GPU_PYTHON="$PY" > "$out/test-gpu.log" 2>&1 || status=1
 tail -n 30 "$out/test-gpu.log"
 
 step "host share of an eager call"

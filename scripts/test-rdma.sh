@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The RDMA tier (make test-rdma): real soft-RoCE devices in QEMU guests.
 #   1. lab.sh setup (idempotent: packages, guest kernel, initramfs)
-#   2. ONE guest boot: pytest tests/rdma (pure tests, transport, 2- and 3-rank
+#   2. ONE guest boot: pytest tests/rdma/device (transport, 2- and 3-rank
 #      torchrun checks, arxtune sweep with arx/arx2, ib_write_lat floor, doctor)
 #   3. ONE two-guest boot: torchrun --nnodes 2 across two kernels (mp_check.py --arxg), then `arxtune doctor`
 #      across the two guests healthy, with a GID index made to differ and with an MTU mismatch
-#      (scripts/rdma_lab/doctor-cases.sh), and perftest's floor beside its ping-pong (tests/rdma/doctor_cases_check.py)
+#      (scripts/rdma_lab/doctor-cases.sh), and perftest's floor beside its ping-pong (tests/rdma/device/doctor_cases_check.py)
 #   4. ONE three-guest boot: three ranks on a ring and on a switch (world3_check.py:
 #      reachability, an arx sweep and the communicator per topology; `arxtune show` prints the ring's run)
 # pyverbs is the rdma extra's in the venv (make venv-rdma), imported from the guests through the shared root.
@@ -24,8 +24,8 @@ export ARXTUNE_REQUIRE_RDMA=1
 rm -f "$JUNIT"
 
 rc=0
-echo "test-rdma: [1/3] one guest: pytest tests/rdma"
-bash "$LAB" run -- bash -c 'exec "$0" -m pytest -q -rfEs --durations=8 -p no:cacheprovider tests/rdma --junitxml="$1"' \
+echo "test-rdma: [1/3] one guest: pytest tests/rdma/device"
+bash "$LAB" run -- bash -c 'exec "$0" -m pytest -q -rfEs --durations=8 -p no:cacheprovider tests/rdma/device --junitxml="$1"' \
     "$PY" "$JUNIT" || rc=1
 if [[ ! -s "$JUNIT" ]]; then
     echo "test-rdma: no test report ($JUNIT): the guest run did not get to pytest" >&2; rc=1
@@ -45,11 +45,11 @@ rm -rf "$DOCTOR_OUT"
 bash "$LAB" run2 -- bash -c '
     export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" "index(\$4, ip \"/\") == 1 {print \$2; exit}")
     "$0" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank "$NODE_RANK" \
-        --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" tests/rdma/mp_check.py --arxg
+        --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" tests/rdma/device/mp_check.py --arxg
     code=$?
     ARXTUNE_PYTHON=$0 bash scripts/rdma_lab/doctor-cases.sh "$1" || code=1
     exit $code' "$PY" "$DOCTOR_OUT" || rc=1
-"$PY" tests/rdma/doctor_cases_check.py "$DOCTOR_OUT" || rc=1
+"$PY" tests/rdma/device/doctor_cases_check.py "$DOCTOR_OUT" || rc=1
 
 world3() {
     local out=.cache/rdma-world3 t0=$SECONDS
@@ -58,7 +58,7 @@ world3() {
     bash "$LAB" run3 --mem 3072 --timeout 1200 -- bash -c '
         export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v ip="$ARXTUNE_LAB_NODE_IP" "index(\$4, ip \"/\") == 1 {print \$2; exit}")
         # one rank per guest, with the variables torchrun sets: its agent would import torch again (a minute per guest)
-        RANK=$NODE_RANK WORLD_SIZE=3 LOCAL_RANK=0 exec "$0" tests/rdma/world3_check.py --out "$1" \
+        RANK=$NODE_RANK WORLD_SIZE=3 LOCAL_RANK=0 exec "$0" tests/rdma/device/world3_check.py --out "$1" \
             --unreachable rxe0 --topology ring=rxe0,rxe1 --topology switch=rxe2,rxe3' "$PY" "$out" || return 1
     "$PY" -m arxtune show "$out/world3-ring" || return 1
     echo "test-rdma: three guests took $((SECONDS - t0)) s"

@@ -12,7 +12,7 @@ import pytest
 try:  # the vLLM tier's venv has no hypothesis; the fuzzers, which need it, import it themselves
     from hypothesis import settings
 except ImportError:
-    settings = None
+    settings = None  # type: ignore[misc]
 if settings is not None:
     # The fuzzers (tests/unit/test_fuzz_*.py) bound their own example counts; CI replays the same examples every run.
     settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -3,7 +3,7 @@
 Several runs (world sizes, runtime modes) merge into one file; conflicts are
 an error unless the caller names the run that wins (see `calibrate`).
 
-Per (op, dtype) and measured size the choice is decision.measured_winners':
+Per (op, dtype) and measured size the choice is winners.measured_winners':
 the baseline keeps the point unless another correct backend beats it with
 confidence, by more than `margin`, over a run of consecutive sizes. Sizes outside the measured grid get the choice predicted by the alpha-beta
 fits of the baseline and of the backend that won the nearest measured size,
@@ -21,10 +21,11 @@ import numpy as np
 import pandas as pd
 
 from arxtune import __version__
-from arxtune.harness.decision import measured_winners
+from arxtune.harness.winners import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
-from arxtune.runtime.thresholds import (MAX_MARGIN, MODES, BackendSetup, Fingerprint, Model, Range, SourceRun, Table, Thresholds,
+from arxtune.runtime.fingerprint import Fingerprint
+from arxtune.runtime.thresholds import (MAX_MARGIN, MODES, BackendSetup, Model, Range, SourceRun, Table, Thresholds,
                                          merge_adjacent, ranges_from_points)
 
 DEFAULT_MARGIN = 0.05
@@ -214,7 +215,7 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         final.append(Table(t.op, t.dtype, t.world_size, ranges, t.mode, t.run_id, t.view))
     kept = {t.run_id for t in final}
     # A model stays where its run's table was kept.
-    models = [m for run_id, m in models if (t := chosen.get((m.mode, m.op, m.dtype, m.world_size))) and t[1].run_id == run_id]
+    models = [m for run_id, m in models if (t := chosen.get((m.mode, m.op, m.dtype, m.world_size))) and t[1].run_id == run_id]  # type: ignore[assignment, index, misc]
     provenance = {
         "runs": [r.meta.run_id for r in runs if r.meta.run_id in kept], "views": used_views, "prefer": preferred.meta.run_id if preferred else None,
         "world_sizes": sorted({t.world_size for t in final}), "modes": sorted({t.mode for t in final}),
@@ -222,7 +223,7 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         "arxtune_version": __version__,
     }
     sources = tuple(SourceRun(r.meta.run_id, fingerprints[r.meta.run_id]) for r in runs if r.meta.run_id in kept)
-    return Thresholds(baseline, margin, provenance, tuple(sorted(final, key=lambda t: t.key)), tuple(models), sources,
+    return Thresholds(baseline, margin, provenance, tuple(sorted(final, key=lambda t: t.key)), tuple(models), sources,  # type: ignore[arg-type]
                       {name: s for name, (_, s) in setup.items()})
 
 

@@ -1,7 +1,7 @@
 """Do two runs of the same grid make the same choices? (`arxtune compare RUN_A RUN_B`)
 
 Per point (op, dtype, view, size measured in both runs) each run's choice
-comes from the measured decision rule (decision.py). The two agree when they
+comes from the measured decision rule (winners.py). The two agree when they
 choose the same backend, or backends whose pooled medians (both runs'
 samples together) are within `tolerance` of each other: either choice would
 then serve as well. Regret is what a run's choice costs when judged by the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from arxtune.harness.decision import measured_winners
+from arxtune.harness.winners import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 
@@ -137,5 +137,5 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.
         agree = ca == cb or max(ratio, 1 / ratio) <= 1 + tolerance
         (regret_a, raw_a) = regret(_medians_at(medians_b, point), ca, cb)
         (regret_b, raw_b) = regret(_medians_at(medians_a, point), cb, ca)
-        points.append(PointComparison(*point, ca, cb, ratio, regret_a, regret_b, bool(agree), raw_a, raw_b))
+        points.append(PointComparison(*point, ca, cb, ratio, regret_a, regret_b, bool(agree), raw_a, raw_b))  # type: ignore[call-arg]
     return Comparison(tuple(points), tolerance)

@@ -8,7 +8,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from arxtune.runtime.backends import OPS, names as backend_names, problem as backend_problem, split_names, with_variants
+from arxtune.runtime.backends import OPS, check_options as check_backend_options, names as backend_names, problem as backend_problem, split_names, with_variants
 from arxtune.runtime.ops import DTYPES
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.units import format_bytes, parse_bytes
@@ -29,25 +29,6 @@ MAX_GRID_SIZES = 200
 MAX_ROUNDS = 1000
 MAX_ITERS = 10_000_000
 MAX_SECONDS = 24 * 3600.0
-
-
-def _rdma_options(options: dict) -> None:
-    from arxtune.runtime.rdma.config import RdmaConfig
-
-    RdmaConfig.resolve({k: v for k, v in options.items() if k != "transport"}, env={})  # arxg's transport is its own
-
-
-def _max_bytes_only(options: dict) -> None:
-    unknown = sorted(set(options) - {"max_bytes"})
-    if unknown:
-        raise ArxtuneError(f"unknown option {unknown[0]!r}; known: max_bytes")
-    if "max_bytes" in options:
-        parse_bytes(options["max_bytes"])
-
-
-#: Backend -> the check of its options, so a bad option is refused before launching even where the backend cannot run.
-OPTION_CHECKS = {"arx": _rdma_options, "arx2": _rdma_options, "arxg": _rdma_options,
-                 "symm_mem": _max_bytes_only, "symm_mem2": _max_bytes_only}
 
 
 @dataclass(frozen=True)
@@ -80,7 +61,7 @@ class SweepConfig:
     """Timing rounds per point, interleaved across backends; intervals come from the spread across rounds."""
     max_extra_rounds: int = 10
     """Rounds a point may take beyond `rounds` while the baseline and a challenger are close (more
-    rounds could change the decision rule's answer, runtime.decision.undecided); 0 takes none."""
+    rounds could change the decision rule's answer, runtime.faster.undecided); 0 takes none."""
     min_iters: int = 10
     """Fewest timed samples per point (over all rounds)."""
     max_iters: int = 2000
@@ -148,13 +129,11 @@ class SweepConfig:
         unknown_options = [k for k in self.backend_options if k not in backend_names()]
         if unknown_options:
             raise ArxtuneError(f"backend_options.{unknown_options[0]}: unknown backend; known: {', '.join(backend_names())}")
-        for name, options in self.backend_options.items():
-            check = OPTION_CHECKS.get(name)
-            if check:
-                try:
-                    check(options)
-                except (ArxtuneError, TypeError, ValueError, OverflowError) as exc:
-                    raise ArxtuneError(f"backend_options.{name}: {' '.join(str(exc).split())}") from None
+        for name, options in self.backend_options.items():  # each backend checks its own, even where it cannot run
+            try:
+                check_backend_options(name, options)
+            except (ArxtuneError, TypeError, ValueError, OverflowError) as exc:
+                raise ArxtuneError(f"backend_options.{name}: {' '.join(str(exc).split())}") from None
         self.timed_backends()
 
     def timed_backends(self) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ class NcclLibrary:
     @property
     def numbers(self) -> tuple[int, int, int] | None:
         match = re.match(r"(\d+)\.(\d+)\.(\d+)", self.version or "")
-        return tuple(map(int, match.groups())) if match else None
+        return tuple(map(int, match.groups())) if match else None  # type: ignore[return-value]
 
     def describe(self) -> str:
         return f"{self.path} (version {self.version or 'unknown'}, build {self.build_id[:16] if self.build_id else 'unknown'})"

@@ -13,6 +13,7 @@ from arxtune.runtime.units import format_bytes
 from arxtune.harness.results import load_run
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.fileio import RUN_DATA_FILES, is_run_dir
+from arxtune.runtime.router import check_names
 from arxtune.runtime.thresholds import Thresholds, load
 
 
@@ -88,4 +89,4 @@ def show(path: str | Path, out: Console | None = None) -> None:
         console_.print(run_table(path))
         console_.print(nccl_line(load_run(path).meta.nccl_used), soft_wrap=True)
     else:
-        console_.print(thresholds_table(load(path)))
+        console_.print(thresholds_table(check_names(load(path), str(path))))

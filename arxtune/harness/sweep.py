@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from arxtune import __version__
-from arxtune.runtime import distributed
+from arxtune.harness import distributed
 from arxtune.runtime.backends import OPS, Backend, GroupContext
 from arxtune.runtime.backends.startup import default_baseline, open_backends
 from arxtune.runtime.ops import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, size_grid
@@ -38,7 +38,7 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
 from arxtune.harness.launch import JOINED_LINE, RUN_PREFIX, tell_launcher
 from arxtune.harness.nccl_facts import LogCapture
-from arxtune.runtime.decision import DEFAULT_MARGIN
+from arxtune.runtime.faster import DEFAULT_MARGIN
 from arxtune.runtime.fingerprint import nccl_version
 from arxtune.runtime.rounds import ESTIMATE_SAMPLES, Entry, Plan, Rounds
 from arxtune.runtime.runs import now
@@ -58,7 +58,7 @@ class Point:
     size: int
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, str, str, str, int]:
         return (self.backend, self.op, self.dtype, self.view, self.size)
 
 
@@ -80,12 +80,12 @@ def fabric_floor_us(ready: dict[str, Backend]) -> float | None:
     Only where a backend that writes over RDMA runs (one with `fabric_devices()`); None (and the sweep
     goes on) when perftest cannot measure it.
     """
-    rdma = next((backend for backend in ready.values() if callable(getattr(backend, "fabric_devices", None))), None)
-    if rdma is None:
+    fabric_devices = next((f for backend in ready.values() if callable(f := getattr(backend, "fabric_devices", None))), None)
+    if fabric_devices is None:
         return None
     from arxtune.runtime.rdma.floor import measure_write_latency_us
 
-    devices = rdma.fabric_devices()
+    devices = fabric_devices()
     try:
         return measure_write_latency_us(devices[0] if devices else None, timeout_s=60)
     except ArxtuneError as exc:
@@ -217,8 +217,7 @@ class PointRunner:
                 records[point.backend] = PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="unsupported",
                                                      error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
         for name, got in self.engine.measure(entries, SweepBudget(self.config), self.baseline).items():
-            key = (name, group.op, group.dtype, group.view, group.size)
-            records[name] = PointRecord(*key, nbytes=nbytes, world_size=ctx.world_size, status=got.status,
+            records[name] = PointRecord(name, group.op, group.dtype, group.view, group.size, nbytes=nbytes, world_size=ctx.world_size, status=got.status,
                                         samples_us=tuple(s for r in got.rounds for s in r), error=got.error,
                                         round_iters=tuple(len(r) for r in got.rounds))
         return [records[name] for name in group.backends]

@@ -30,11 +30,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.backends.base import Backend, GroupContext
-from arxtune.runtime.backends.startup import default_baseline
-from arxtune.runtime import ladder
-from arxtune.runtime.dispatch import Dispatch, load_for_group
+from arxtune.runtime.backends.base import Backend
+from arxtune.runtime.dispatch import Caller, Dispatch, load_for_group
 from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.group import GroupContext
+from arxtune.runtime.router import Router
 from arxtune.runtime.thresholds import Thresholds
 
 log = logging.getLogger("arxtune")
@@ -96,31 +96,31 @@ class Communicator:
                  capturing: Callable[[], bool] | None = None):
         self.ctx = ctx
         loaded = load_for_group(ctx, thresholds)
-        self.thresholds = loaded.usable
-        # The file's baseline where it can run here, else this device's torch.distributed backend.
-        fallback = default_baseline(ctx.device)
-        preferred = baseline or (loaded.file.baseline if loaded.file else fallback)
-        also = tuple(dict.fromkeys((preferred, fallback)))
-        self.dispatch = Dispatch(ctx, loaded, preferred, lambda name: name == preferred, also, capturing,
-                                 ladder.candidates(ctx.device))
-        backends = self.dispatch.backends
-        self.baseline_name = preferred if preferred in backends else fallback
-        if self.baseline_name not in backends:
-            self.dispatch.close()
-            raise ArxtuneError(f"baseline backend {self.baseline_name} cannot run here; pass baseline= a backend that can")
-        self.baseline: Backend = backends[self.baseline_name]
-        self.router = self.dispatch.router
-        self.router.fallback = self.baseline_name
-        self.thresholds = self.dispatch.thresholds
+        # The baseline asked for, else the file's where it can run here, else this device's torch.distributed backend.
+        self.dispatch = Dispatch(ctx, loaded, Caller(baseline=baseline, candidates=True, capturing=capturing))
+        self.baseline: Backend = self.dispatch.backends[self.baseline_name]
         if ctx.rank == 0:  # the ranks agree on all of it: the group's rank 0 says it once
             if loaded.why and self.thresholds is not None:
                 log.info("arxtune: %s; the start-up ladder's tables serve instead", loaded.why)
             elif loaded.why:
                 log.warning("arxtune: using %s for every call: %s", self.baseline_name, loaded.why)
-            for problem in self.dispatch.opened.problems:
+            for problem in self.dispatch.started.problems:
                 log.warning("arxtune: %s; those calls use %s", problem, self.baseline_name)
             log.info("%s", self.summary())
         _OPEN.add(self)
+
+    @property
+    def thresholds(self) -> Thresholds | None:
+        """The thresholds in force: the file, the start-up ladder's, or None (no usable file, a strict fingerprint)."""
+        return self.dispatch.started.thresholds
+
+    @property
+    def baseline_name(self) -> str:
+        return self.dispatch.started.baseline
+
+    @property
+    def router(self) -> Router:
+        return self.dispatch.started.router
 
     @classmethod
     def from_env(cls, thresholds: str | Path | Thresholds | None = None, device: torch.device | None = None, group=None,
@@ -139,7 +139,7 @@ class Communicator:
 
     def summary(self) -> str:
         """The start-up line: world, mode tables, capacity, fingerprint, overrides, and the ranges taken."""
-        return f"arxtune: world {self.ctx.world_size}, {self.dispatch.opened.line}"
+        return f"arxtune: world {self.ctx.world_size}, {self.dispatch.started.line}"
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int) -> Backend:
         """The backend for one call; the baseline when nothing else applies."""
@@ -173,7 +173,7 @@ class Communicator:
             return
         _OPEN.discard(self)
         self.dispatch.close()
-        self.baseline = _Closed()
+        self.baseline = _Closed()  # type: ignore[assignment]
         group = self.ctx.cpu_group
         self.ctx = self.dispatch.ctx = dataclasses.replace(self.ctx, cpu_group=None, device_group=None)
         _end_group(group)

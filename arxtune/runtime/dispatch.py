@@ -20,12 +20,14 @@ from typing import Callable
 import torch
 
 from arxtune.runtime import env, ladder
-from arxtune.runtime.backends.base import Backend, GroupContext
-from arxtune.runtime.backends.startup import agreed_reason, open_backends
-from arxtune.runtime.distributed import all_max, gather_objects
+from arxtune.runtime.backends import framework
+from arxtune.runtime.backends.base import Backend
+from arxtune.runtime.backends.startup import default_baseline, open_backends
+from arxtune.runtime.group import GroupContext, agreed_reason, all_max, gather_objects
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.ops import OP_SPECS, differs, dtype_name
-from arxtune.runtime.router import Opened, backend_context, open_router, parse_overrides
+from arxtune.runtime.fingerprint import host_facts, running_fingerprint
+from arxtune.runtime.router import Router, backend_context, check_names, open_router, parse_overrides
 from arxtune.runtime.thresholds import Thresholds, load
 from arxtune.runtime.units import format_bytes
 
@@ -55,7 +57,7 @@ def read_thresholds(world_size: int, source: str | Path | Thresholds | None = No
             return None, path, (f"no thresholds file at {path} (set {env.THRESHOLDS.name}, or write one with "
                                 "`arxtune calibrate RUN --install`)")
         try:
-            thresholds = load(path)
+            thresholds = check_names(load(path), str(path))
         except ArxtuneError as exc:
             return None, path, str(exc)
         where = str(path)
@@ -99,7 +101,7 @@ def capture_check(device: torch.device) -> Callable[[], bool] | None:
     return torch.cuda.is_current_stream_capturing if device.type == "cuda" else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Loaded:
     """A group's view of its thresholds file: the file as read, and whether (why not) the group uses it."""
 
@@ -119,68 +121,167 @@ def load_for_group(ctx: GroupContext, source: str | Path | Thresholds | None = N
     return Loaded(thresholds, path, agree(thresholds, why, ctx.cpu_group))
 
 
+@dataclass(frozen=True)
+class Caller:
+    """What a caller serves itself and what it wants opened: the one policy the dispatch starts from.
+
+    The communicator serves the calls no range takes with a baseline backend (`own_path` ''); the vLLM
+    plugin hands them back to vLLM (`own_path` "vllm", `own_framework` "vllm": ranges of the backends
+    that are vLLM's own communicators are vLLM's path too)."""
+
+    own_path: str = ""  # the name calls the caller serves itself are counted under; '': a baseline backend serves them
+    own_framework: str = ""  # the caller's framework: its communicators' ranges are the caller's own path too
+    baseline: str | None = None  # the baseline asked for; else the file's; else this device's torch.distributed backend
+    candidates: bool = False  # a group without a file: the start-up ladder (adjust) may time each backend's start_up_candidate
+    capturing: Callable[[], bool] | None = None  # default: capture_check(device)
+
+
+@dataclass(frozen=True)
+class Fingerprinted:
+    """The file's fingerprint against the running group: what the start-up line says, and whether it differs."""
+
+    line: str
+    differs: bool = False
+    strict: bool = False
+
+    @property
+    def refused(self) -> bool:
+        """ARXTUNE_FINGERPRINT=strict and the file was measured on something else: no calibrated range is used."""
+        return self.differs and self.strict
+
+
+def fingerprint_verdict(thresholds: Thresholds | None, ctx: GroupContext) -> Fingerprinted:
+    """Compare the runs behind the file's tables for this world size with the running group (a collective)."""
+    strict = env.FINGERPRINT.get().lower() == "strict"
+    if thresholds is None:
+        return Fingerprinted("fingerprint: no file", strict=strict)
+    run_ids = sorted({t.run_id for t in thresholds.tables if t.world_size == ctx.world_size and thresholds.run(t.run_id)})
+    if not run_ids:
+        return Fingerprinted("fingerprint not recorded", strict=strict)
+    running = running_fingerprint(ctx.world_size, ctx.device, gather_objects(host_facts(ctx.device), ctx.cpu_group))
+    differ = []
+    for run_id in run_ids:
+        run = thresholds.run(run_id)
+        found = run.fingerprint.differences(running) if run else []
+        if found:
+            differ.append(f"run {run_id}: {', '.join(found)}")
+    if not differ:
+        return Fingerprinted(f"fingerprint matches run {', '.join(run_ids)}", strict=strict)
+    line = "fingerprint differs (" + "; ".join(differ) + ")"
+    if strict:
+        return Fingerprinted(f"{line}; {env.FINGERPRINT.name}=strict: no calibrated range is used", True, True)
+    return Fingerprinted(f"{line}; used anyway ({env.FINGERPRINT.name}=strict falls back instead)", True, False)
+
+
+@dataclass(frozen=True)
+class Started:
+    """What start-up decided for one group, once, the same on every rank; the callers only read it."""
+
+    loaded: Loaded  # the file as read and agreed on
+    thresholds: Thresholds | None  # in force: the file, the ladder's under adjust, None (no file, strict fingerprint)
+    fingerprint: Fingerprinted
+    baseline: str  # the backend serving what no range takes ('' where the caller's own path does)
+    router: Router
+    line: str  # the start-up line, after "world N, "
+    problems: tuple[str, ...]  # what the caller warns about
+    ladder: ladder.Outcome | None = None
+
+
+def baselines(caller: Caller, loaded: Loaded, device: torch.device) -> tuple[str, ...]:
+    """The baseline backends, preferred first: the caller's, else the file's (even one the group cannot use),
+    else this device's torch.distributed backend; then that torch.distributed backend as the one to fall back on."""
+    preferred = caller.baseline or (loaded.file.baseline if loaded.file else default_baseline(device))
+    return tuple(dict.fromkeys((preferred, default_baseline(device))))
+
+
 class Dispatch:
     """One group's routes: per call, the backend the router picks, and the flat out-of-place call into it.
 
-    `fallback` names what serves the rest (the caller's own path), `native(name)`
-    says which range names that path serves itself, `also_open` are backends the
-    caller needs opened besides (the communicator's baseline).
+    Start-up runs once, in order: the file as agreed (`loaded`), the baselines, the fingerprint verdict,
+    the start-up ladder (ARXTUNE_BOOT), the router; `started` records the outcome. ArxtuneError when the
+    caller needs a baseline backend and none can run here.
     """
 
-    def __init__(self, ctx: GroupContext, loaded: Loaded, fallback: str, native: Callable[[str], bool],
-                 also_open: tuple[str, ...] = (), capturing: Callable[[], bool] | None = None,
-                 candidates: tuple[str, ...] = ()):
+    def __init__(self, ctx: GroupContext, loaded: Loaded, caller: Caller = Caller()):
         self.ctx = ctx
-        self.loaded = loaded
+        wanted = baselines(caller, loaded, ctx.device)
+        preferred = wanted[0]
+
+        def native(name: str) -> bool:  # ranges the caller's own path serves
+            return name == preferred or (bool(caller.own_framework) and framework(name) == caller.own_framework)
+
         every = verify_every()
+        also_open: tuple[str, ...] = () if caller.own_path else wanted
         if every and not also_open and loaded.usable is not None:
-            also_open = (loaded.usable.baseline,)  # what ARXTUNE_VERIFY compares with, where the caller opens no baseline
-        thresholds, ready, self.ladder = loaded.usable, None, None
+            also_open = (preferred,)  # what ARXTUNE_VERIFY compares with, where the caller opens no baseline
+        thresholds, ready, outcome = loaded.usable, None, None
         policy = ladder.policy()
         if policy != "off":  # the start-up ladder (ARXTUNE_BOOT): `candidates` serve a group without a file under adjust
-            thresholds, ready = self._ladder(policy, thresholds, also_open, candidates, fallback)
-        self.opened: Opened = open_router(thresholds, ctx, fallback, native, capturing or capture_check(ctx.device),
-                                          also_open, ready=ready, excluded=self.ladder.failed if self.ladder else None)
-        self.thresholds = thresholds  # what the router uses: the file, or the ladder's under adjust
-        if self.ladder is not None:
-            self.opened.line += ", " + self.ladder.line
-        self.router = self.opened.router
-        reference = next((self.backends[n] for n in also_open if n in self.backends), None)
+            thresholds, ready, outcome = self._ladder(policy, thresholds, also_open, caller.candidates, caller.own_path or preferred)
+        verdict = fingerprint_verdict(thresholds, ctx)
+        in_force = None if verdict.refused else thresholds
+        opened = open_router(in_force, ctx, caller.own_path or wanted, native, caller.capturing or capture_check(ctx.device), also_open,
+                             ready=ready, excluded=outcome.failed if outcome else None, fingerprint=verdict.line)
+        self.opened = opened
+        baseline = "" if caller.own_path else opened.router.fallback
+        if baseline and baseline not in opened.backends:
+            opened.close()
+            raise ArxtuneError(f"baseline backend {baseline} cannot run here; pass baseline= a backend that can")
+        router = opened.router
+        line = opened.line + (", " + outcome.line if outcome is not None else "")
+        problems = tuple(([verdict.line] if verdict.refused else []) + opened.problems)
+        reference = next((opened.backends[n] for n in also_open if n in opened.backends), None)
         if every and reference is not None:
             self._verify = Verifier(self, reference, every)
-            self.run = self._verify.run  # the plain run stays the class's: no cost per call without ARXTUNE_VERIFY
-            self.opened.line += f", verify 1 call in {every} against {reference_name(self.backends, reference)}"
+            self.run = self._verify.run  # type: ignore[method-assign]  # the plain run stays the class's: no cost per call without ARXTUNE_VERIFY
+            line += f", verify 1 call in {every} against {reference_name(opened.backends, reference)}"
         elif every:
-            self.opened.line += f", verify off ({env.VERIFY.name}: no baseline could open to compare with)"
+            line += f", verify off ({env.VERIFY.name}: no baseline could open to compare with)"
+        self.started = Started(loaded, in_force, verdict, baseline, router, line, problems, outcome)
 
-    def _ladder(self, policy: str, thresholds: Thresholds | None, also_open: tuple[str, ...], candidates: tuple[str, ...],
-                fallback: str) -> tuple[Thresholds | None, tuple[dict, dict] | None]:
+    def _ladder(self, policy: str, thresholds: Thresholds | None, also_open: tuple[str, ...], candidates: bool,
+                fallback: str) -> tuple[Thresholds | None, tuple[dict, dict], ladder.Outcome]:
         """Open what the ladder times, run it, and hand the opened backends to the router; any failure keeps the file."""
         ctx = self.ctx
         since, left = None, {}
+        wanted: tuple[str, ...]
         if thresholds is not None:  # what the file names opens for serving anyway: the budget starts after it
-            wanted = sorted({r.backend for t in thresholds.tables if t.world_size == ctx.world_size for r in t.ranges})
+            wanted = tuple(sorted({r.backend for t in thresholds.tables if t.world_size == ctx.world_size for r in t.ranges}))
         else:  # candidates open for the ladder alone: their opening is part of its budget
             since = time.monotonic()
             named = {o.backend for o in parse_overrides(env.OVERRIDES.get())}
-            wanted, left = ladder.within_reach(candidates, named) if policy == "adjust" else ((), {})
-        wanted = list(dict.fromkeys(list(also_open) + list(wanted)))
+            asked = ladder.candidates(ctx.device) if candidates and policy == "adjust" else ()
+            wanted, left = ladder.within_reach(asked, named) if asked else ((), {})
+        wanted = tuple(dict.fromkeys(also_open + wanted))
         baseline = thresholds.baseline if thresholds else (also_open[0] if also_open else fallback)
         opened, status = open_backends(wanted, backend_context(ctx, thresholds))
         try:
-            self.ladder = ladder.run(ctx, thresholds, opened, status, policy, tuple(wanted), baseline, since=since)
+            outcome = ladder.run(ctx, thresholds, opened, status, policy, tuple(wanted), baseline, since=since)
         except Exception as exc:  # start-up goes on with the file as it is
             log.warning("arxtune: start-up ladder failed (%s: %s); the thresholds file is used as it is", type(exc).__name__, exc)
-            self.ladder = ladder.Outcome(thresholds, f"ladder {policy}: failed ({type(exc).__name__})")
+            outcome = ladder.Outcome(thresholds, f"ladder {policy}: failed ({type(exc).__name__})")
         if left:
-            self.ladder.line += "; left out " + ", ".join(
+            outcome.line += "; left out " + ", ".join(
                 f"{name} (opening it imports {framework}, which this process has not: name it in {env.OVERRIDES.name} "
                 f"or import {framework} first)" for name, framework in left.items())
-        return self.ladder.thresholds if policy == "adjust" else thresholds, (opened, status)
+        return outcome.thresholds if policy == "adjust" else thresholds, (opened, status), outcome
 
     @property
     def backends(self) -> dict[str, Backend]:
+        """The backends open now (none after close())."""
         return self.opened.backends
+
+    @property
+    def router(self) -> Router:
+        return self.started.router
+
+    @property
+    def thresholds(self) -> Thresholds | None:
+        return self.started.thresholds
+
+    @property
+    def ladder(self) -> ladder.Outcome | None:
+        return self.started.ladder
 
     def pick(self, op: str, tensor: torch.Tensor) -> Backend | None:
         """The backend for this call by the file's tables, or None for the caller's own path (counted either way)."""

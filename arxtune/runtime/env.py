@@ -70,6 +70,8 @@ VLLM_DISABLE = _declare("ARXTUNE_VLLM_DISABLE", "", "1: the plugin installs noth
 VLLM_LOG = _declare("ARXTUNE_VLLM_LOG", "info", "what the plugin logs: info (start-up line and warnings), calls (also one "
                     "line per TP call), warning, error")
 # -- devices and native code
+REQUIRE_GPU = _declare("ARXTUNE_REQUIRE_GPU", "0", "1: the GPU tier (tests/gpu) fails where no CUDA GPU would make it skip "
+                       "(scripts/gpu-arxg.sh sets it)", ("0", "1"))
 DEVICE = _declare("ARXTUNE_DEVICE", "", "cpu: use CPU tensors even where GPUs exist")
 NCCL_LIBRARY = _declare("ARXTUNE_NCCL_LIBRARY", "", "the libnccl.so the nccl backend binds (default: the one torch loaded)")
 NCCL_LOOP = _declare("ARXTUNE_NCCL_LOOP", "c", "python: launch nccl's eager samples from Python instead of its C loop", ("c", "python"))
@@ -97,7 +99,7 @@ def agreed_values(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, 
 def differences(per_rank: list[tuple[tuple[str, str], ...]]) -> str:
     """'' when every rank's agreed_values() are the same; else one line naming each variable that differs."""
     said = []
-    for i, (name, _) in enumerate(per_rank[0]):
+    for name, _ in per_rank[0]:
         values = [dict(rank).get(name, "") for rank in per_rank]
         if len(set(values)) > 1:
             shown = ", ".join(f"rank {r}: {v[:80]!r}" for r, v in enumerate(values))

@@ -7,14 +7,44 @@ NVIDIA driver version from /proc, and the RDMA device names from sysfs.
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
-from arxtune.runtime.thresholds import Fingerprint
-
 NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
 RDMA_CLASS_DIR = Path("/sys/class/infiniband")
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a run was measured on; compared with the running group at start-up."""
+
+    world_size: int
+    device_type: str = ""
+    hostnames: tuple[str, ...] = ()
+    device_names: tuple[str, ...] = ()
+    driver_version: str | None = None
+    torch_version: str | None = None
+    nccl_version: str | None = None
+    rdma_devices: tuple[str, ...] | None = None
+
+    def differences(self, running: "Fingerprint") -> list[str]:
+        """'what: recorded vs running' for every field known on both sides that differs (hosts as sets)."""
+        found = []
+        for f in fields(self):
+            recorded, now = getattr(self, f.name), getattr(running, f.name)
+            if recorded in (None, "", ()) or now in (None, ""):
+                continue
+            if isinstance(recorded, tuple):
+                recorded, now = sorted(set(recorded)), sorted(set(now))
+            if recorded != now:
+                found.append(f"{f.name} {_show(recorded)} vs {_show(now)}")
+        return found
+
+
+def _show(value) -> str:
+    return (",".join(value) or "none") if isinstance(value, list) else str(value)
 
 
 def driver_version() -> str | None:

@@ -6,7 +6,7 @@ on CUDA where both sides can be captured) is timed at a few sizes around it:
 the backend the file gives each side, in interleaved rounds (the order
 reversed every other round), each sample the slowest rank's. At each size
 the file's choice keeps it unless the other side is clearly faster by the
-decision rule calibrate uses (arxtune.runtime.decision). Every result is
+decision rule calibrate uses (arxtune.runtime.faster). Every result is
 checked exactly; a backend that gives a wrong result, raises or times out is
 out (Outcome.failed): the router serves nothing of that (op, dtype) with it,
 in any mode, for the life of the process. The whole ladder stays within a
@@ -38,10 +38,10 @@ from pathlib import Path
 import torch
 
 from arxtune.runtime import env, runs
-from arxtune.runtime.backends.base import Backend, GroupContext
-from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, clearly_faster
+from arxtune.runtime.backends.base import Backend
+from arxtune.runtime.faster import DEFAULT_MARGIN, PointTimes, clearly_faster
 from arxtune.runtime.fingerprint import host_facts, nccl_version
-from arxtune.runtime.distributed import all_max, gather_objects
+from arxtune.runtime.group import GroupContext, all_max, gather_objects
 from arxtune.runtime.ops import DTYPES, OP_SPECS, OPS, elements_per_rank, expected_output, make_input
 from arxtune.runtime.rounds import Entry, Plan, Rounds
 from arxtune.runtime.thresholds import Range, Table, Thresholds, merge_adjacent, ranges_from_points
@@ -65,20 +65,18 @@ MAX_PROBE_BYTES = 64 * MiB
 ROUNDS, MIN_ROUNDS, MAX_SAMPLES_PER_ROUND = 4, 2, 4
 #: The part of the budget spent measuring: the rest covers the last size's overrun, agreeing on the verdict and the run.
 MEASURE_SHARE = 0.85
-#: Rounds a size may add where the incumbent and a challenger are close (decision.undecided), within its share:
+#: Rounds a size may add where the incumbent and a challenger are close (faster.undecided), within its share:
 #: the first rounds take half of it, so a clear size leaves the rest to the sizes after it.
 MAX_EXTRA_ROUNDS = 8
 #: A sample holds as many calls as fit this long (1 to MAX_CALLS_PER_SAMPLE), from the checked call's time.
 SAMPLE_US, MAX_CALLS_PER_SAMPLE = 2000.0, 20
-#: Device type -> built-in backends a communicator without a file compares with its baseline under `adjust`
-#: (site backends from ARXTUNE_EXTRA_BACKENDS join them); few, since each is opened and timed at start-up.
-CANDIDATES = {"cpu": ("vllm_cpu",), "cuda": ("symm_mem", "vllm_custom_ar")}
 
 
 def candidates(device: torch.device) -> tuple[str, ...]:
-    from arxtune.runtime.backends import BUILTIN, names
+    """What a communicator without a file compares with its baseline under `adjust`: each backend's `start_up_candidate`."""
+    from arxtune.runtime.backends import start_up_candidates
 
-    return CANDIDATES.get(device.type, ()) + tuple(n for n in names() if n not in BUILTIN)
+    return start_up_candidates(device.type)
 
 
 def within_reach(names: tuple[str, ...], named: set[str]) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -87,16 +85,16 @@ def within_reach(names: tuple[str, ...], named: set[str]) -> tuple[tuple[str, ..
     budget), unless `named` (the file, ARXTUNE_OVERRIDES) names it."""
     import importlib.util
 
-    from arxtune.runtime.backends import FRAMEWORKS
+    from arxtune.runtime.backends import framework as framework_of
 
     def costly(name: str) -> bool:  # installed, not yet imported (one that is not installed fails to open at once)
-        framework = FRAMEWORKS.get(name)
+        framework = framework_of(name)
         if not framework or framework in sys.modules or name in named:
             return False
         spec = importlib.util.find_spec(framework)
         return spec is not None and spec.origin not in (None, "namespace")  # a folder of that name is not the framework
 
-    left = {n: FRAMEWORKS[n] for n in names if costly(n)}
+    left = {n: framework_of(n) for n in names if costly(n)}
     return tuple(n for n in names if n not in left), left
 
 

@@ -62,7 +62,7 @@ OP_SPECS: dict[str, OpSpec] = {
         shapes=lambda n, w: (n, n),
         nbytes=lambda n, w, item: n * item,
         bus_factor=lambda w: 2 * (w - 1) / w,
-        reference=lambda inputs, rank, w: sum(inputs),
+        reference=lambda inputs, rank, w: sum(inputs),  # type: ignore[arg-type, return-value]
         tensor_nbytes=lambda nbytes, w: nbytes,
         out_numel=lambda numel, w: numel,
     ),
@@ -80,7 +80,7 @@ OP_SPECS: dict[str, OpSpec] = {
         shapes=lambda n, w: (n * w, n),
         nbytes=lambda n, w, item: n * w * item,
         bus_factor=lambda w: (w - 1) / w,
-        reference=lambda inputs, rank, w: sum(inputs).chunk(w)[rank],
+        reference=lambda inputs, rank, w: sum(inputs).chunk(w)[rank],  # type: ignore[union-attr]
         tensor_nbytes=lambda nbytes, w: nbytes,
         out_numel=lambda numel, w: numel // w,
     ),

@@ -29,8 +29,8 @@ from typing import Callable, Protocol
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.decision import DEFAULT_MARGIN, PointTimes, undecided
-from arxtune.runtime.distributed import gather_objects, max_per_iteration
+from arxtune.runtime.faster import DEFAULT_MARGIN, PointTimes, undecided
+from arxtune.runtime.group import gather_objects, max_per_iteration
 from arxtune.runtime.ops import mismatch
 from arxtune.runtime.timing import Timer
 
@@ -82,8 +82,13 @@ class Budget(Protocol):
     """What a client decides: warm-up, how estimates become rounds, and whether another round runs. Every rank
     must answer alike (from agreed values, or a collective every rank calls)."""
 
-    warmup_calls: int
-    estimate_samples: int
+    @property
+    def warmup_calls(self) -> int:
+        """Untimed calls before the estimate."""
+
+    @property
+    def estimate_samples(self) -> int:
+        """Samples the estimate takes the median of."""
 
     def plan(self, per_sample_s: dict[str, float]) -> Plan | None:
         """Rounds for the backends still live ({name: wall seconds per sample}); None: not measured at all."""
@@ -162,10 +167,10 @@ class Rounds:
             estimate = (statistics.median(walls), statistics.median(per_call))
         except Exception as exc:
             status, message = self._failure(exc)
-        status, message, estimates = self._agree(status, message, estimate)
+        status, message, agreed = self._agree(status, message, estimate)
         if status != "ok":
             return Result(entry.name, status, error=message), None, 0.0, 0.0
-        return None, timer, max(w for w, _ in estimates), max(c for _, c in estimates)
+        return None, timer, max(w for w, _ in agreed), max(c for _, c in agreed)
 
     def one_round(self, entry: Entry, timer: Timer, samples: int) -> tuple[list[float], str, str]:
         """One backend's samples in one round, the slowest rank's each: (samples, status, error). A failure on any

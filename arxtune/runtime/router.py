@@ -16,10 +16,9 @@ or ';', each `OP[/DTYPE][@MODE]:LO-[HI]=BACKEND`, sizes in bytes or with a unit,
 LO inclusive, HI exclusive (empty = no limit), BACKEND a name or a variant, e.g.
 `all_reduce:0-64KiB=arx; all_reduce:64KiB-1MiB=nccl[proto=LL,channels=4]; all_gather/bfloat16@graph:1MiB-=nccl`.
 
-Fingerprint: ARXTUNE_FINGERPRINT=strict makes a file measured on something
-other than the running group (hosts, devices, driver, torch, NCCL, RDMA
-devices) fall back to the baseline for every calibrated range; the default
-(`warn`) names the differences in the start-up line and uses the file.
+Whether the file is in force at all (its fingerprint under ARXTUNE_FINGERPRINT,
+the start-up ladder) is arxtune.runtime.dispatch's decision: the router routes
+by the thresholds it is given.
 """
 
 from __future__ import annotations
@@ -33,17 +32,16 @@ from typing import Callable
 
 import torch
 
-from arxtune.runtime.backends import GroupContext, check_extra
-from arxtune.runtime.backends.startup import gather_objects, open_backends
+from arxtune.runtime.backends import check_extra, names, split_name
+from arxtune.runtime.backends.startup import open_backends
+from arxtune.runtime.group import GroupContext
 from arxtune.runtime.ops import DTYPES, OPS
 from arxtune.runtime.units import format_bytes, parse_bytes
-from arxtune.runtime.errors import ArxtuneError
-from arxtune.runtime.fingerprint import host_facts, running_fingerprint
+from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime.thresholds import MODES, Range, Thresholds, merge_adjacent
 from arxtune.runtime import env
 
 ENV_OVERRIDES = env.OVERRIDES.name
-ENV_FINGERPRINT = env.FINGERPRINT.name
 _OVERRIDE = re.compile(r"(?P<op>\w+)(?:/(?P<dtype>\w+))?(?:@(?P<mode>\w+))?:(?P<lo>[^-=]*)-(?P<hi>[^=]*)="
                        r"(?P<backend>[\w.-]+(?:\[[^\[\]]*\])?)")
 #: Items are separated by ',' or ';' outside a variant's brackets (nccl[proto=LL,channels=4]).
@@ -97,6 +95,17 @@ def overlay(ranges: tuple[Range, ...], lo: int, hi: int | None, backend: str) ->
     out.append(Range(lo, hi, backend, "override"))
     out.sort(key=lambda r: r.lo)
     return merge_adjacent(out)
+
+
+def check_names(thresholds: Thresholds, source: str = "thresholds") -> Thresholds:
+    """The file, when every backend it names is one this process can open (built in or ARXTUNE_EXTRA_BACKENDS);
+    else one FormatError naming the first field that is not. The file's parser checks only that names are names."""
+    known = names()
+    for where, name in thresholds.named_backends():
+        if split_name(name)[0] not in known:
+            raise FormatError(f"{source}: {where} {name!r} is unknown; known: {', '.join(known)}; regenerate it with "
+                              "`arxtune calibrate RUN [RUN ...]` or name the backend in {env.EXTRA_BACKENDS.name}")
+    return thresholds
 
 
 def mode_tables(thresholds: Thresholds | None, world: int, overrides: tuple[Override, ...] = ()) -> tuple[dict, list[str]]:
@@ -231,36 +240,20 @@ class Opened:
         self.router.close()
 
 
-def _fingerprint_check(thresholds: Thresholds, ctx: GroupContext) -> tuple[str, bool]:
-    """(what the start-up line says, whether the file was measured on something else)."""
-    run_ids = sorted({t.run_id for t in thresholds.tables if t.world_size == ctx.world_size and thresholds.run(t.run_id)})
-    if not run_ids:
-        return "fingerprint not recorded", False
-    running = running_fingerprint(ctx.world_size, ctx.device, gather_objects(host_facts(ctx.device), ctx.cpu_group))
-    differ = []
-    for run_id in run_ids:
-        run = thresholds.run(run_id)
-        found = run.fingerprint.differences(running) if run else []
-        if found:
-            differ.append(f"run {run_id}: {', '.join(found)}")
-    if not differ:
-        return f"fingerprint matches run {', '.join(run_ids)}", False
-    return "fingerprint differs (" + "; ".join(differ) + ")", True
-
-
 def backend_context(ctx: GroupContext, thresholds: Thresholds | None) -> GroupContext:
     """ctx with the options the file recorded per backend: backends open here as they were measured."""
     setup = thresholds.backend_setup if thresholds else {}
     return dataclasses.replace(ctx, options={**ctx.options, **{name: s.options for name, s in setup.items()}})
 
 
-def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str, native: Callable[[str], bool],
+def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str | tuple[str, ...], native: Callable[[str], bool],
                 capturing: Callable[[], bool] | None = None, also_open: tuple[str, ...] = (),
                 overrides: tuple[Override, ...] | None = None, ready: tuple[dict, dict] | None = None,
-                excluded: dict | None = None) -> Opened:
+                excluded: dict | None = None, fingerprint: str = "fingerprint: no file") -> Opened:
     """Open what the file (and the overrides) name for this group and build the router.
 
-    `native(name)`: whether the caller serves that backend's ranges itself (its
+    `fallback`: the name the caller's own path is counted under, or the baselines in `also_open`, preferred
+    first: the first that opened serves the rest (the last when none did). `native(name)`: whether the caller serves that backend's ranges itself (its
     baseline); `also_open`: backends the caller needs opened besides (e.g. the
     communicator's baseline). `overrides` default to ARXTUNE_OVERRIDES', whose
     bad value raises ArxtuneError (the same on every rank). `ready`: (backends,
@@ -268,22 +261,12 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
     of opening them again; those not wanted are closed. `excluded`: (name, op,
     dtype) -> why, the backends start-up caught giving a wrong result, raising
     or timing out: out of that (op, dtype) in every mode, one problem each.
+    `fingerprint`: what the start-up line says of the file's fingerprint (dispatch's verdict).
     """
     if overrides is None:
         overrides = parse_overrides(env.OVERRIDES.get())
     check_extra()  # a malformed ARXTUNE_EXTRA_BACKENDS is refused here as in `arxtune sweep`, never ignored
-    strict = env.FINGERPRINT.get().lower() == "strict"
     problems, parts = [], []
-    if thresholds is not None:
-        status, mismatch = _fingerprint_check(thresholds, ctx)
-        if mismatch and strict:
-            status += f"; {ENV_FINGERPRINT}=strict: no calibrated range is used"
-            problems.append(status)
-            thresholds = None
-        elif mismatch:
-            status += f"; used anyway ({ENV_FINGERPRINT}=strict falls back instead)"
-    else:
-        status = "fingerprint: no file"
     tables, notes = mode_tables(thresholds, ctx.world_size, overrides)
     setup = thresholds.backend_setup if thresholds else {}
     named = {r.backend for ranges in tables.values() for r in ranges}
@@ -309,7 +292,7 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
     parts.append("capacity " + (", ".join(capacity) or "unlimited"))
     # what a backend decided at start that the reader must see (arxg: how its GPU reaches host memory)
     parts += [note() for _, b in sorted(opened.items()) if callable(note := getattr(b, "startup_note", None))]
-    parts.append(status)
+    parts.append(fingerprint)
     parts.append("overrides " + ("; ".join(o.describe() for o in overrides) if overrides else f"none (${ENV_OVERRIDES})"))
     excluded = dict(excluded or {})
     problems += [f"{name} is out of {op}/{dtype} in every mode for the life of this process: {why}"
@@ -321,5 +304,7 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str,
     parts.append("takes " + ("; ".join(taken) if taken else "nothing"))
     if excluded:
         parts.append(f"out {len(excluded)} (" + "; ".join(f"{name} {op}/{dtype}" for name, op, dtype in excluded) + ")")
+    if isinstance(fallback, tuple):
+        fallback = next((name for name in fallback if name in opened), fallback[-1])
     router = Router(routes, fallback, capturing, lambda now: resolve(tables, opened, native, now), excluded)
     return Opened(router, opened, ", ".join(parts), problems)

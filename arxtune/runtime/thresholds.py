@@ -23,8 +23,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from arxtune.runtime.backends import OPS
-from arxtune.runtime.ops import DTYPES
+from arxtune.runtime.fingerprint import Fingerprint
+from arxtune.runtime.ops import DTYPES, OPS
 from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime import schema
 from arxtune.runtime.fileio import check_exists, read_text, write_text_atomic
@@ -76,37 +76,6 @@ class Model:
 
 
 @dataclass(frozen=True)
-class Fingerprint:
-    """What a run was measured on; compared with the running group at start-up."""
-
-    world_size: int
-    device_type: str = ""
-    hostnames: tuple[str, ...] = ()
-    device_names: tuple[str, ...] = ()
-    driver_version: str | None = None
-    torch_version: str | None = None
-    nccl_version: str | None = None
-    rdma_devices: tuple[str, ...] | None = None
-
-    def differences(self, running: "Fingerprint") -> list[str]:
-        """'what: recorded vs running' for every field known on both sides that differs (hosts as sets)."""
-        found = []
-        for f in fields(self):
-            recorded, now = getattr(self, f.name), getattr(running, f.name)
-            if recorded in (None, "", ()) or now in (None, ""):
-                continue
-            if isinstance(recorded, tuple):
-                recorded, now = sorted(set(recorded)), sorted(set(now))
-            if recorded != now:
-                found.append(f"{f.name} {_show(recorded)} vs {_show(now)}")
-        return found
-
-
-def _show(value) -> str:
-    return (",".join(value) or "none") if isinstance(value, list) else str(value)
-
-
-@dataclass(frozen=True)
 class SourceRun:
     run_id: str
     fingerprint: Fingerprint
@@ -139,6 +108,13 @@ class Thresholds:
     @property
     def backends(self) -> set[str]:
         return {r.backend for t in self.tables for r in t.ranges}
+
+    def named_backends(self) -> list[tuple[str, str]]:
+        """(field, backend name) for every name the file holds, in file order."""
+        found = [("baseline", self.baseline)]
+        found += [(f"tables.{i}.ranges.{j}.backend", r.backend) for i, t in enumerate(self.tables) for j, r in enumerate(t.ranges)]
+        found += [(f"models.{i}.backend", m.backend) for i, m in enumerate(self.models)]
+        return found + [("backend_setup", name) for name in self.backend_setup]
 
     def table(self, op: str, dtype: str, world_size: int, mode: str = "eager") -> Table | None:
         return next((t for t in self.tables if t.key == (mode, op, dtype, world_size)), None)
@@ -220,17 +196,15 @@ VIEWS = ("", "eager", "isolated", "graph", "decode")
 MAX_MARGIN = 100.0
 
 
-def _known_backend(value, where: str) -> str:
-    """A backend this process can name: built in, or added by ARXTUNE_EXTRA_BACKENDS."""
-    from arxtune.runtime.backends import names
-
-    return schema.name(value, where, names())
+def _backend_name(value, where: str) -> str:
+    """A backend's name as written; whether this process knows it is the router's question (router.check_names)."""
+    return schema.name(value, where)
 
 
 def _range(value, where: str) -> Range:
     r = schema.known_keys(schema.table(value, where), where, ("lo", "hi", "backend"), ("source",))
     hi = None if r["hi"] is None else schema.size(r["hi"], f"{where}.hi")
-    return Range(schema.size(r["lo"], f"{where}.lo"), hi, _known_backend(r["backend"], f"{where}.backend"),
+    return Range(schema.size(r["lo"], f"{where}.lo"), hi, _backend_name(r["backend"], f"{where}.backend"),
                  schema.string(r.get("source", "measured"), f"{where}.source", SOURCES))
 
 
@@ -245,7 +219,7 @@ def _table(value, where: str) -> Table:
 def _model(value, where: str) -> Model:
     m = schema.known_keys(schema.table(value, where), where, ("backend", "op", "dtype", "world_size", "alpha_us", "bandwidth_gbps"),
                           ("mode",))
-    return Model(_known_backend(m["backend"], f"{where}.backend"), schema.string(m["op"], f"{where}.op", OPS),
+    return Model(_backend_name(m["backend"], f"{where}.backend"), schema.string(m["op"], f"{where}.op", OPS),
                  schema.string(m["dtype"], f"{where}.dtype", DTYPES), schema.integer(m["world_size"], f"{where}.world_size", 1),
                  schema.number(m["alpha_us"], f"{where}.alpha_us", hi=1e12),
                  schema.optional_number(m["bandwidth_gbps"], f"{where}.bandwidth_gbps", lo=0.0, hi=1e9, lo_open=True),
@@ -258,10 +232,10 @@ def _optional_strings(value, where: str) -> tuple[str, ...] | None:
 
 def _fingerprint(value, where: str) -> Fingerprint:
     f = schema.known_keys(schema.table(value, where), where, ("world_size",), [x.name for x in fields(Fingerprint)])
-    return Fingerprint(schema.integer(f["world_size"], f"{where}.world_size"), schema.string(f.get("device_type", ""), f"{where}.device_type"),
+    return Fingerprint(schema.integer(f["world_size"], f"{where}.world_size"), schema.string(f.get("device_type", ""), f"{where}.device_type"),  # type: ignore[call-arg]
                        schema.strings(f.get("hostnames", []), f"{where}.hostnames"),
                        schema.strings(f.get("device_names", []), f"{where}.device_names"),
-                       *(schema.optional_string(f.get(k), f"{where}.{k}") for k in ("driver_version", "torch_version", "nccl_version")),
+                       *(schema.optional_string(f.get(k), f"{where}.{k}") for k in ("driver_version", "torch_version", "nccl_version")),  # type: ignore[arg-type]
                        _optional_strings(f.get("rdma_devices"), f"{where}.rdma_devices"))
 
 
@@ -307,10 +281,10 @@ def _build(data) -> Thresholds:
     schema.known_keys(data, "file", ("kind", "version", "baseline", "margin", "provenance", "tables", "runs", "backend_setup"), ("models",))
     tables = schema.items(data["tables"], "tables", _table)
     setup = schema.table(data["backend_setup"], "backend_setup")
-    return Thresholds(_known_backend(data["baseline"], "baseline"), schema.number(data["margin"], "margin", hi=MAX_MARGIN),
+    return Thresholds(_backend_name(data["baseline"], "baseline"), schema.number(data["margin"], "margin", hi=MAX_MARGIN),
                       dict(schema.table(data["provenance"], "provenance")), tables,
                       schema.items(data.get("models", []), "models", _model), schema.items(data["runs"], "runs", _source_run),
-                      {_known_backend(n, "backend_setup"): _setup(s, f"backend_setup.{n}") for n, s in setup.items()})
+                      {_backend_name(n, "backend_setup"): _setup(s, f"backend_setup.{n}") for n, s in setup.items()})
 
 
 def from_dict(data: dict, source: str = "thresholds") -> Thresholds:

@@ -144,14 +144,14 @@ class ArxtuneRouting:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.arxtune_dispatch = None
-        if self.unique_name.split(":")[0] != GROUP_PREFIX or self.world_size < 2:
+        if self.unique_name.split(":")[0] != GROUP_PREFIX or self.world_size < 2:  # type: ignore[attr-defined]
             return
         self.arxtune_dispatch = setup_dispatch(self)
 
     @property
     def arxtune_routes(self):
-        """What start-up opened (arxtune.runtime.router.Opened), or None."""
-        return self.arxtune_dispatch.opened if self.arxtune_dispatch else None
+        """What start-up decided (arxtune.runtime.dispatch.Started), or None."""
+        return self.arxtune_dispatch.started if self.arxtune_dispatch else None
 
     @property
     def arxtune_calls(self) -> Counter:
@@ -170,35 +170,35 @@ class ArxtuneRouting:
             return None
         backend = dispatch.pick(op, tensor)
         if _log_calls:
-            nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.world_size)
+            nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, self.world_size)  # type: ignore[attr-defined]
             log.info("arxtune: %s %s %d bytes -> %s", op, tensor.dtype, nbytes, backend.name if backend is not None else VLLM_PATH)
         return backend
 
     def all_reduce(self, input_):
         backend = self._arxtune_pick("all_reduce", input_)
         if backend is None:
-            return super().all_reduce(input_)
+            return super().all_reduce(input_)  # type: ignore[misc]
         return self.arxtune_dispatch.run(backend, "all_reduce", input_)
 
     def all_gather(self, input_, dim: int = -1):
         backend = self._arxtune_pick("all_gather", input_, eligible=input_.dim() > 0)
         if backend is None:
-            return super().all_gather(input_, dim)
+            return super().all_gather(input_, dim)  # type: ignore[misc]
         dim = dim + input_.dim() if dim < 0 else dim
         gathered = self.arxtune_dispatch.run(backend, "all_gather", input_)
         if dim == 0:
             return gathered
         # (world, *shape) with the world axis moved in front of `dim`, then merged with it.
         shape = tuple(input_.shape)
-        moved = gathered.view(self.world_size, *shape).movedim(0, dim)
-        return moved.reshape(*shape[:dim], self.world_size * shape[dim], *shape[dim + 1:])
+        moved = gathered.view(self.world_size, *shape).movedim(0, dim)  # type: ignore[attr-defined]
+        return moved.reshape(*shape[:dim], self.world_size * shape[dim], *shape[dim + 1:])  # type: ignore[attr-defined]
 
     def reduce_scatter(self, input_, dim: int = -1):
         dim = dim + input_.dim() if dim < 0 else dim
-        eligible = input_.dim() > 0 and dim == 0 and input_.shape[0] % self.world_size == 0
+        eligible = input_.dim() > 0 and dim == 0 and input_.shape[0] % self.world_size == 0  # type: ignore[attr-defined]
         backend = self._arxtune_pick("reduce_scatter", input_, eligible)
         if backend is None:
-            return super().reduce_scatter(input_, dim)
+            return super().reduce_scatter(input_, dim)  # type: ignore[misc]
         return self.arxtune_dispatch.run(backend, "reduce_scatter", input_)
 
     def custom_all_gather(self, input_):
@@ -211,7 +211,7 @@ class ArxtuneRouting:
 
     def custom_reduce_scatter(self, input_):
         """Sequence-parallel reduce-scatter along dim 0; None hands the call back to vLLM's caller."""
-        eligible = input_.dim() > 0 and input_.shape[0] % self.world_size == 0
+        eligible = input_.dim() > 0 and input_.shape[0] % self.world_size == 0  # type: ignore[attr-defined]
         backend = self._arxtune_pick("reduce_scatter", input_, eligible)
         if backend is not None:
             return self.arxtune_dispatch.run(backend, "reduce_scatter", input_)
@@ -272,9 +272,9 @@ def read_thresholds(world_size: int, model_dtype=None):
 
 
 def _open_dispatch(comm):
-    started = time.perf_counter()
+    started_s = time.perf_counter()
     from arxtune.runtime import dispatch
-    from arxtune.runtime.backends.base import GroupContext
+    from arxtune.runtime.group import GroupContext
 
     device = comm.device
     ctx = GroupContext(comm.rank_in_group, comm.world_size, device.index or 0, device, comm.cpu_group,
@@ -284,24 +284,20 @@ def _open_dispatch(comm):
         _say(comm, logging.WARNING, loaded.why)
         return None
     thresholds = loaded.usable
-
-    def native(name: str) -> bool:  # ranges vLLM's own communicator already serves
-        return name == thresholds.baseline or name.startswith("vllm_")
-
-    routes = dispatch.Dispatch(ctx, loaded, VLLM_PATH, native)
-    opened = routes.opened
-    taken = opened.router.takes_anything
-    if opened.problems:
-        _say(comm, logging.WARNING, "; ".join(opened.problems) + ("; those ranges use vLLM's path" if taken else ""),
+    routes = dispatch.Dispatch(ctx, loaded, dispatch.Caller(own_path=VLLM_PATH, own_framework="vllm"))
+    started = routes.started
+    taken = started.router.takes_anything
+    if started.problems:
+        _say(comm, logging.WARNING, "; ".join(started.problems) + ("; those ranges use vLLM's path" if taken else ""),
              everything_to_vllm=not taken)
     if not taken:
         routes.close()
-        if not opened.problems:
-            ladder = f" ({routes.ladder.line})" if routes.ladder is not None else ""
+        if not started.problems:
+            ladder = f" ({started.ladder.line})" if started.ladder is not None else ""
             _say(comm, logging.INFO, f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}{ladder}"
-                 f"; set up in {time.perf_counter() - started:.2f} s")
+                 f"; set up in {time.perf_counter() - started_s:.2f} s")
         return None
     run_ids = ", ".join(r.run_id for r in thresholds.runs)
-    _say(comm, logging.INFO, f"{opened.line}; everything else goes to vLLM's {_base_name(comm)} "
-         f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''}); set up in {time.perf_counter() - started:.2f} s")
+    _say(comm, logging.INFO, f"{started.line}; everything else goes to vLLM's {_base_name(comm)} "
+         f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''}); set up in {time.perf_counter() - started_s:.2f} s")
     return routes

@@ -53,8 +53,8 @@ def test_back_to_back_and_graphs_hide_the_launch_cost_of_tiny_ops():
     op = lambda: x.add_(1)  # noqa: E731
     medians = {}
     for timer in (CudaIsolatedTimer(), CudaBackToBackTimer(), CudaGraphTimer()):
-        timer.prepare(op)
-        medians[timer.view] = sorted(timer.time_once(op) for _ in range(51))[25]
+        timer.prepare(op)  # type: ignore[arg-type]
+        medians[timer.view] = sorted(timer.time_once(op) for _ in range(51))[25]  # type: ignore[arg-type]
     assert medians["graph"] < medians["eager"] < medians["isolated"], medians
 
 
@@ -62,9 +62,9 @@ def test_a_process_replays_its_first_graphs_before_it_times_one(monkeypatch):
     monkeypatch.setattr(timing, "_graphs_made", 0)
     x = torch.zeros(16, device="cuda")
     op = lambda: x.add_(1)  # noqa: E731
-    CudaGraphTimer(ops_per_sample=3).prepare(op)  # a warm-up call, then SETTLE_GRAPHS graphs of 3 calls replayed once
+    CudaGraphTimer(ops_per_sample=3).prepare(op)  # type: ignore[arg-type]  # a warm-up call, then SETTLE_GRAPHS graphs of 3 calls replayed once
     assert x[0].item() == 1 + timing.SETTLE_GRAPHS * 3
-    CudaGraphTimer(ops_per_sample=3).prepare(op)  # settled: the warm-up call alone (capture runs nothing)
+    CudaGraphTimer(ops_per_sample=3).prepare(op)  # type: ignore[arg-type]  # settled: the warm-up call alone (capture runs nothing)
     assert x[0].item() == 2 + timing.SETTLE_GRAPHS * 3
 
 

@@ -133,7 +133,7 @@ def _tuner_plugin(tmp_path, text: str = "") -> dict[str, str]:
 
 def test_a_variants_settings_reach_its_communicator_alone_at_one_rank(tmp_path):
     names = ["nccl[proto=LL,algo=Ring]", "nccl", "nccl[channels=3]", "nccl[channels=5]"]
-    said = _create(tmp_path, names, NCCL_DEBUG_SUBSYS="INIT,ENV,TUNING", **_tuner_plugin(tmp_path))[0]
+    said = _create(tmp_path, names, NCCL_DEBUG_SUBSYS="INIT,ENV,TUNING", **_tuner_plugin(tmp_path))[0]  # type: ignore[arg-type]
     print(said)
     part = _sections(said)
     assert list(part) == names, said
@@ -171,5 +171,5 @@ def test_nccl_itself_takes_each_variants_settings_at_two_ranks(tmp_path):
 
 def test_nccl_loads_the_tuner_plugin_and_reads_its_file(tmp_path):
     plugin = _tuner_plugin(tmp_path, "allreduce,0,65535,ring,ll,4,-1,-1,-1,-1\nallreduce,65536,-1,ring,simple,-1,-1,-1,-1,-1\n")
-    said = _create(tmp_path, ["nccl"], NCCL_DEBUG_SUBSYS="INIT,TUNING", **plugin)[0]
+    said = _create(tmp_path, ["nccl"], NCCL_DEBUG_SUBSYS="INIT,TUNING", **plugin)[0]  # type: ignore[arg-type]
     assert "arxtune tuner: 2 rules from" in said, said

@@ -23,19 +23,19 @@ from helpers.arxg_cpu_rank import CpuRank
 
 def main() -> int:
     port, rank, world, op, dtype, n, calls, salts, timeout_s = sys.argv[1:]
-    rank, world, n, calls, salts = int(rank), int(world), int(n), int(calls), int(salts)
+    rank, world, n, calls, salts = int(rank), int(world), int(n), int(calls), int(salts)  # type: ignore[assignment]
     dtype = getattr(torch, dtype)
-    store = torch.distributed.TCPStore("127.0.0.1", int(port), world, False, timeout=__import__("datetime").timedelta(seconds=60))
-    session = open_session(RdmaConfig(max_bytes=1 << 20, timeout_s=float(timeout_s)), rank, world,
-                           store_exchange(store, rank, world), "shm")
+    store = torch.distributed.TCPStore("127.0.0.1", int(port), world, False, timeout=__import__("datetime").timedelta(seconds=60))  # type: ignore[arg-type]
+    session = open_session(RdmaConfig(max_bytes=1 << 20, timeout_s=float(timeout_s)), rank, world,  # type: ignore[arg-type]
+                           store_exchange(store, rank, world), "shm")  # type: ignore[arg-type]
     standin = CpuRank(session)
     cpu = torch.device("cpu")
-    inputs = [make_input(op, n, rank, world, dtype, cpu, s) for s in range(salts)]
-    refs = [expected_output(op, n, rank, world, dtype, s) for s in range(salts)]
-    out = torch.empty(OP_SPECS[op].shapes(n, world)[1], dtype=dtype)
+    inputs = [make_input(op, n, rank, world, dtype, cpu, s) for s in range(salts)]  # type: ignore[arg-type, call-overload]
+    refs = [expected_output(op, n, rank, world, dtype, s) for s in range(salts)]  # type: ignore[arg-type, call-overload]
+    out = torch.empty(OP_SPECS[op].shapes(n, world)[1], dtype=dtype)  # type: ignore[arg-type]
     print("ready", flush=True)
     try:
-        for i in range(calls):
+        for i in range(calls):  # type: ignore[call-overload]
             standin.run(op, inputs[i % salts], out)
             bad = mismatch(out, refs[i % salts])
             if bad:

@@ -89,6 +89,7 @@ elsewhere = dataclasses.replace(elsewhere, runs=tuple(
 os.environ["ARXTUNE_FINGERPRINT"] = "strict"
 comm = Communicator.from_env(elsewhere)
 check(comm, [("all_reduce", f32, 1 * KiB, False, "gloo")])
+assert comm.thresholds is None and comm.dispatch.started.fingerprint.refused  # what is in force, as the router routes
 comm.close()
 
 harness = [m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.stats", "arxtune.harness.calibrate", "pandas", "matplotlib") if m in sys.modules]

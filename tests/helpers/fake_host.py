@@ -24,7 +24,7 @@ def v4(a, b, c, d):
 
 def write(path: Path, text: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)  # type: ignore[arg-type]
     return path
 
 
@@ -112,4 +112,4 @@ def spark(root: Path, **host_args) -> Host:
                 addresses={"enp1s0f1np1": ["10.0.0.1/24"], "enP2p1s0f1np1": ["10.0.1.1/24"], "wlP9s9": ["192.168.1.20/24"]},
                 memlock=None, euid=1000, torch_nccl=str(lib))
     args.update(host_args)
-    return Host(**args)
+    return Host(**args)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from arxtune.runtime.communicator import Communicator
-from arxtune.runtime.distributed import init, shutdown
+from arxtune.harness.distributed import init, shutdown
 from arxtune.runtime.thresholds import Range, Table, Thresholds
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from arxtune.runtime.backends import REGISTRY, register
 from arxtune.runtime.communicator import Communicator, context_from_torch
-from arxtune.runtime.distributed import gather_objects
+from arxtune.runtime.group import gather_objects
 from arxtune.runtime.ops import expected_output, make_input, mismatch
 from arxtune.runtime.thresholds import Range, Table, Thresholds
 

@@ -11,7 +11,6 @@ Rank 0 prints `RESULT {json}` lines; every rank prints "serving ok" at the end.
 
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist

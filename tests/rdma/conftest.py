@@ -1,6 +1,7 @@
-"""RDMA test tier: device tests are marked `rdma`.
+"""RDMA tests, by directory: tests/rdma/fake (an in-process fake fabric, `make test`) and tests/rdma/device
+(real RDMA devices and pyverbs, `make test-rdma` in the soft-RoCE guests; every test there is marked `rdma`).
 
-Without an RDMA device they skip on a developer machine, but fail when CI is
+Without an RDMA device the device tests skip on a developer machine, but fail when CI is
 set or ARXTUNE_REQUIRE_RDMA=1 (scripts/test-rdma.sh sets it): the RDMA tier must
 never pass by skipping. Any skip at all fails under ARXTUNE_REQUIRE_RDMA=1.
 """
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/rdma/fakes.py, mp_check.py
+HERE = Path(__file__).parent
+DEVICE = HERE / "device"
+sys.path[:0] = [str(HERE / "fake"), str(DEVICE)]  # fakes.py, test_device.py's helpers, mp_check.py
 
 REQUIRE = os.environ.get("ARXTUNE_REQUIRE_RDMA") == "1" or os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -36,6 +39,8 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     reason = None
     for item in items:
+        if Path(str(item.fspath)).is_relative_to(DEVICE):
+            item.add_marker(pytest.mark.rdma)
         if item.get_closest_marker("rdma") is not None:
             reason = reason if reason is not None else (rdma_missing_reason() or "")
             if not reason:

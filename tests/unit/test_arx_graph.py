@@ -145,7 +145,7 @@ def test_an_eager_calls_check_reads_the_proxys_heartbeat_not_the_process(proxy_l
         assert first > 0 and int(ctrl[seg_mod.HEARTBEAT]) > first  # the idle proxy keeps beating
         assert abs(time.monotonic_ns() - int(ctrl[seg_mod.HEARTBEAT])) < session_mod.HEARTBEAT_STALE_NS
         polls, real_poll = [], s.proxy.proc.poll
-        monkeypatch.setattr(s.proxy.proc, "poll", lambda: polls.append(1) or real_poll())
+        monkeypatch.setattr(s.proxy.proc, "poll", lambda: polls.append(1) or real_poll())  # type: ignore[func-returns-value]
         calls = 200
         for _ in range(calls):
             s.quick_check()

@@ -132,7 +132,7 @@ def test_a_burst_launches_pairs_in_turn_each_after_the_busy_kernel_between_its_e
     pairs = [cudadrv.Launch(0xA0 + k, (1,), (32,), 0, [8], [k], entries=driver.entries) for k in range(2)]
     busy = cudadrv.Launch(0xB0, (1,), (1,), 0, [8], [50_000], entries=driver.entries)
     rec = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
-        lambda event, stream: seen.append(("record", event, stream)) or 0)
+        lambda event, stream: seen.append(("record", event, stream)) or 0)  # type: ignore[func-returns-value]
     monkeypatch.setattr(cudadrv, "event_record", lambda: (ctypes.cast(rec, ctypes.c_void_p).value, "c"))
     monkeypatch.setattr(cudadrv, "event_handle", lambda event: event)
     cudadrv.burst(pairs, 3, 0x55, before=busy, start=0xE1, end=0xE2)
@@ -151,7 +151,7 @@ def _cpu_rank(image_for, driver, world=2, rank=1):
 
     layout = Layout(world=world, slots=2, slot_bytes=1 << 20, ndev=1)
     r = GpuRank.__new__(GpuRank)
-    r.s = SimpleNamespace(layout=layout, world=world, rank=rank, flag_devices=lambda op, nbytes: 1,
+    r.s = SimpleNamespace(layout=layout, world=world, rank=rank, flag_devices=lambda op, nbytes: 1,  # type: ignore[assignment]
                           quick_check=lambda: None)
     r.launch, r.index, r.capability, r.ctx, r.max_programs = "native", 0, 90, 0, 132
     r.data, r.timeout_ns, r._wake = 0x7F0000001000, 20_000_000_000, None
@@ -160,7 +160,7 @@ def _cpu_rank(image_for, driver, world=2, rank=1):
     r._ptrs, r._functions, r.builds, r._packed, r._entries = {}, {}, {}, {}, driver.entries
     r._obtain = lambda variant, capability: (image_for(variant), "from a test")
     r._launch_c = cudadrv.c_entry("arxtune_launch")
-    r._load = lambda image: 0xF00 + len(image.name)
+    r._load = lambda image: 0xF00 + len(image.name)  # type: ignore[method-assign]
     return r
 
 
@@ -169,7 +169,7 @@ def test_a_ranks_call_reaches_the_built_kernel_with_every_parameter_in_its_place
     asked = []
     seen = []
     driver = FakeDriver(seen, sizes={0xF00 + len("collective_kernel"): list(built["all_reduce-bf16-w2-d1-a16"].params)})
-    rank = _cpu_rank(lambda v: asked.append(v.name) or built[v.name], driver)
+    rank = _cpu_rank(lambda v: asked.append(v.name) or built[v.name], driver)  # type: ignore[func-returns-value]
     n = 8192  # 16 KiB of bf16
     inp, out = torch.zeros(n, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.bfloat16)
     rank.all_reduce(inp, out)

@@ -14,7 +14,8 @@ from arxtune.harness.results import load_run
 from arxtune.runtime import backends
 from arxtune.runtime.backends import GroupContext, canonical, create, problem, split_name, split_names, with_variants
 from arxtune.runtime.backends.base import BackendUnavailable
-from arxtune.runtime.backends.nccl import CONFIG_UNDEF, CommConfig, NcclBackend, nccl_environment
+from arxtune.runtime.backends.nccl import NcclBackend
+from arxtune.runtime.backends.nccl_lib import CONFIG_UNDEF, CommConfig, nccl_environment
 from arxtune.runtime.backends.nccl_variant import NcclVariant
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.router import parse_overrides

@@ -268,10 +268,10 @@ def test_malformed_thresholds_are_one_format_error_everywhere(tmp_path, field, v
                    status_extra={"gloo": {"capacity": {"all_reduce": 1 << 20}}})
     data = calibrate(run).to_dict()
     data["backend_setup"] = {"gloo": {"options": {}, "capacity": {"all_reduce": 1 << 20}}}
-    parent, *path, last = [data, *field.split(".")]
-    for key in path:
-        parent = parent[int(key) if key.isdigit() else key]
-    parent[int(last) if last.isdigit() else last] = value
+    parent, *path, last = [data, *field.split(".")]  # type: ignore[misc]
+    for key in path:  # type: ignore[has-type]
+        parent = parent[int(key) if key.isdigit() else key]  # type: ignore[has-type]
+    parent[int(last) if last.isdigit() else last] = value  # type: ignore[has-type]
     target = tmp_path / "bad.json"
     target.write_text(json.dumps(data))
     assert needle in one_line_error("show", target)

@@ -66,7 +66,7 @@ def test_mtu_mismatch_fails_the_pair():
 
 
 def test_versions_that_must_match_fail_and_others_warn():
-    rows = by_item(group.check_versions([report(0), report(1, **{"nccl build": "cd34", "triton": "3.5.0"})], {}))
+    rows = by_item(group.check_versions([report(0), report(1, **{"nccl build": "cd34", "triton": "3.5.0"})], {}))  # type: ignore[arg-type]
     assert rows["group nccl build"].status == FAIL and "two builds" in rows["group nccl build"].fix
     assert rows["group triton"].status == WARN
 
@@ -86,7 +86,7 @@ def test_rendezvous_over_wifi_is_named():
 
 def test_a_silent_peer_on_one_twin_fails_its_pair_only():
     pings = copy.deepcopy(PINGS)
-    pings[(0, 1)]["roceP2p1s0f1"] = {"error": "rank 1 sent nothing on roceP2p1s0f1 within 10 s"}
+    pings[(0, 1)]["roceP2p1s0f1"] = {"error": "rank 1 sent nothing on roceP2p1s0f1 within 10 s"}  # type: ignore[dict-item]
     rows = by_item(group.group_rows([report(0), report(1)], pings))
     assert rows["ping-pong 0<->1 roceP2p1s0f1"].status == FAIL
     assert rows["verdict 0<->1"].status == FAIL

@@ -37,7 +37,7 @@ def lab(tmp_path_factory):
     latency = lambda b, n: 5 + n / 1000 if b == "fast" else 50 + n / 4000  # noqa: E731
     sizes = [1 << k for k in range(10, 15)]
     run_a = make_run(root, latency, sizes, run_id="a", n=20)
-    run_b = make_run(root, latency, sizes, run_id="b", n=20, spread=0.05)
+    make_run(root, latency, sizes, run_id="b", n=20, spread=0.05)
     result = runner.invoke(app, ["calibrate", str(run_a.path)])
     assert result.exit_code == 0, result.output
     os.mkfifo(root / "fifo")
@@ -189,7 +189,7 @@ def test_sweep_arguments_before_launching(lab, monkeypatch, data):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     launched = []
-    monkeypatch.setattr(launch, "run_under_torchrun", lambda plan, args: launched.append(plan) or launch.LaunchResult(code=0))
+    monkeypatch.setattr(launch, "run_under_torchrun", lambda plan, args: launched.append(plan) or launch.LaunchResult(code=0))  # type: ignore[func-returns-value]
     paths = _paths(lab)
     args = ["sweep"]
     for option in data.draw(st.lists(st.sampled_from(SWEEP_OPTIONS), min_size=1, max_size=3, unique=True)):

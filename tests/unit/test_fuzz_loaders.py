@@ -51,7 +51,7 @@ def _paths(data, prefix=()):
 def _nested(depth: int):
     deep = 1
     for _ in range(depth):
-        deep = [deep]
+        deep = [deep]  # type: ignore[assignment]
     return deep
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arxtune.runtime import env, ladder
-from arxtune.runtime.decision import PointTimes, clearly_faster
+from arxtune.runtime.faster import PointTimes, clearly_faster
 from arxtune.runtime.ladder import Boundary, Judged, Measured, adjusted, boundaries, judge, move_boundary, placed, probe_sizes, winner
 from arxtune.runtime.thresholds import Range, Table, Thresholds, validate_ranges
 
@@ -122,7 +122,7 @@ def test_the_ladder_run_reads_back_with_the_harness(tmp_path, monkeypatch):
     ctx = type("Ctx", (), {"world_size": 2, "device": torch.device("cpu")})()
     points = {("gloo", "all_reduce", "float32", "eager", 4096): _ok("gloo", 30.0),
               ("slow", "all_reduce", "float32", "eager", 4096): Measured("slow", "error", error="TimeoutError: gave up")}
-    path = ladder.write_run(ctx, _Prober(points), "gloo", "2026-12-07T00:00:00+00:00", {"gloo": {"available": True, "reason": ""}}, "check")
+    path = ladder.write_run(ctx, _Prober(points), "gloo", "2026-12-07T00:00:00+00:00", {"gloo": {"available": True, "reason": ""}}, "check")  # type: ignore[arg-type]
     run = load_run(path)
     assert run.meta.baseline == "gloo" and run.meta.world_size == 2 and run.meta.finished
     frame = run.frame()
@@ -138,7 +138,7 @@ def test_a_run_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog
     monkeypatch.setenv(env.BOOT_OUT.name, str(blocker))
     ctx = type("Ctx", (), {"world_size": 2, "device": torch.device("cpu")})()
     points = {("gloo", "all_reduce", "float32", "eager", 4096): _ok("gloo", 30.0)}
-    assert ladder.write_run(ctx, _Prober(points), "gloo", "", {}, "check") == ""
+    assert ladder.write_run(ctx, _Prober(points), "gloo", "", {}, "check") == ""  # type: ignore[arg-type]
     assert "cannot write its run" in caplog.text
 
 
@@ -164,7 +164,7 @@ def test_the_ladder_adds_rounds_only_where_the_two_sides_are_close(challenger_s,
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         ctx = GroupContext(0, 1, 0, torch.device("cpu"), dist.group.WORLD)
-        prober = ladder.Prober(ctx, {"x": _Sleeps(0.001), "y": _Sleeps(challenger_s)}, budget=10.0)
+        prober = ladder.Prober(ctx, {"x": _Sleeps(0.001), "y": _Sleeps(challenger_s)}, budget=10.0)  # type: ignore[dict-item]
         got = prober.measure(["x", "y"], "all_reduce", "float32", "eager", 4 * KiB, 1.0, incumbent="x")
     finally:
         dist.destroy_process_group()

@@ -66,7 +66,7 @@ def test_the_loop_records_its_events_on_the_stream_right_around_its_launches(loo
         return 0
 
     def record(event, stream):
-        seen.append(("record", event, stream))
+        seen.append(("record", event, stream))  # type: ignore[arg-type]
         return 0
 
     cb, rec = PLAIN(entry), RECORD(record)

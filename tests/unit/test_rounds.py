@@ -52,7 +52,7 @@ def test_backends_take_turns_in_alternating_order(solo_group):
     config = SweepConfig(backends=("gloo",), rounds=4, warmup_iters=1, min_iters=4, max_iters=8, point_budget_s=1e-6)
     log: list[str] = []
     ready = {"a": LoggingBackend("a", log), "b": LoggingBackend("b", log)}
-    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("a", "b")), ready)
+    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("a", "b")), ready)  # type: ignore[arg-type]
     # Check, warm-up and estimate per backend (a, then b), then rounds a b | b a | a b | b a.
     assert _blocks(log) == ["a", "b", "a", "b", "a", "b", "a"]
     assert [r.backend for r in records] == ["a", "b"] and {r.status for r in records} == {"ok"}
@@ -68,7 +68,7 @@ def test_a_backend_that_fails_is_recorded_and_the_others_finish(solo_group):
     config = SweepConfig(backends=("gloo",), rounds=3, warmup_iters=1, min_iters=3, max_iters=3, point_budget_s=1e-6)
     log: list[str] = []
     ready = {"a": LoggingBackend("a", log), "bad": Raises("bad", log)}
-    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("a", "bad")), ready)
+    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("a", "bad")), ready)  # type: ignore[arg-type]
     assert records[0].status == "ok" and len(records[0].round_iters) == 3
     assert records[1].status == "error" and "link down" in records[1].error
 
@@ -88,7 +88,7 @@ class _Timer:
 def test_buffer_count_rotates_like_nccl_tests_within_the_largest_size(ops_per_sample, nbytes, span, want):
     from arxtune.harness.sweep import buffer_count
 
-    assert buffer_count(_Timer(ops_per_sample), nbytes, span) == want
+    assert buffer_count(_Timer(ops_per_sample), nbytes, span) == want  # type: ignore[arg-type]
 
 
 def test_rotating_op_uses_each_pair_in_turn_and_a_backends_bind():
@@ -105,12 +105,12 @@ def test_rotating_op_uses_each_pair_in_turn_and_a_backends_bind():
             seen.append(("plain", int(inp[0]), int(out[0])))
 
     ins, outs = [torch.full((1,), i) for i in range(3)], [torch.full((1,), 10 + i) for i in range(3)]
-    op = rotating_op(bound_call(Binding(), "all_gather"), ins, outs)
+    op = rotating_op(bound_call(Binding(), "all_gather"), ins, outs)  # type: ignore[arg-type]
     for _ in range(4):
         op()
     assert seen == [("all_gather", 0, 10), ("all_gather", 1, 11), ("all_gather", 2, 12), ("all_gather", 0, 10)]
     seen.clear()
-    rotating_op(bound_call(Plain(), "all_reduce"), ins[:1], outs[:1])()
+    rotating_op(bound_call(Plain(), "all_reduce"), ins[:1], outs[:1])()  # type: ignore[arg-type]
     assert seen == [("plain", 0, 10)]
 
 
@@ -154,7 +154,7 @@ def test_rounds_are_added_only_where_the_baseline_and_a_challenger_are_close(sol
                          max_iters=8, point_budget_s=1e-6)
     log: list[str] = []
     ready = {"x": SleepingBackend("x", log, 0.001), "y": SleepingBackend("y", log, challenger_s)}
-    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("x", "y")), ready)
+    records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("x", "y")), ready)  # type: ignore[arg-type]
     # 4% apart, at the margin's edge: every extra round is taken; 5x apart: the four rounds settle it.
     assert [len(r.round_iters) for r in records] == ([8, 8] if extra else [4, 4])
     assert _blocks(log)[-3:] == ["x", "y", "x"]  # the order still alternates: ... x y | y x

@@ -151,7 +151,7 @@ def test_bad_thresholds_at_engine_start_warn_once_and_keep_tokens(compared, tmp_
         routed_thresholds(world=4).save(path)
     else:
         path.write_text('{"kind": "arxtune-thresholds", "version": 1, "tables": [')
-    spec = engine_spec(E2EConfig(**SHAPE))
+    spec = engine_spec(E2EConfig(**SHAPE))  # type: ignore[arg-type]
     result = run_engine(spec, {"ARXTUNE_THRESHOLDS": str(path)}, tmp_path / case, ENGINE_TIMEOUT_S)
     log = (tmp_path / f"{case}.log").read_text()
     warnings = _plugin_warnings(log)
@@ -180,7 +180,7 @@ def test_the_routed_engine_started_with_the_ladder_in_check_and_said_its_verdict
 
 def test_the_engine_starts_with_the_ladder_in_adjust_and_keeps_vllms_tokens(compared, tmp_path):
     path = routed_thresholds().save(tmp_path / "routed.json")
-    spec = engine_spec(E2EConfig(**SHAPE))
+    spec = engine_spec(E2EConfig(**SHAPE))  # type: ignore[arg-type]
     env = {"ARXTUNE_THRESHOLDS": str(path), "ARXTUNE_BOOT": "adjust", "ARXTUNE_BOOT_OUT": str(tmp_path / "boot")}
     result = run_engine(spec, env, tmp_path / "adjust", ENGINE_TIMEOUT_S)
     log = (tmp_path / "adjust.log").read_text()

@@ -63,7 +63,7 @@ def routing_thresholds(backend: str, world: int = 2) -> Thresholds:
     everything = tuple(Table(t.op, t.dtype, t.world_size, (Range(0, None, backend),), "graph", f"w{world}", "graph") for t in eager)
     elsewhere = tuple(Table(t.op, t.dtype, other, (Range(0, None, backend),), mode, f"w{other}", mode)
                       for t in eager for mode in ("eager", "graph"))
-    eager = tuple(Table(t.op, t.dtype, t.world_size, t.ranges, "eager", f"w{world}", "eager") for t in eager)
+    eager = tuple(Table(t.op, t.dtype, t.world_size, t.ranges, "eager", f"w{world}", "eager") for t in eager)  # type: ignore[assignment]
     runs = tuple(SourceRun(f"w{w}", Fingerprint(w, "cpu", (socket.gethostname(),) * w, ("cpu",) * w)) for w in (world, other))
     return Thresholds(baseline=VLLM, margin=0.05, provenance={"runs": [r.run_id for r in runs]}, tables=eager + everything + elsewhere,
                       runs=runs)

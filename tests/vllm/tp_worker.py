@@ -85,10 +85,10 @@ def run_case(comm, api: str, dtype, shape, dim, rank: int, world: int) -> dict:
         got = getattr(comm, api)(x)
     record = {"went": went(before, comm.arxtune_calls)}
     if got is None:
-        record.update(ok=True, result="None (handed back to vLLM's caller)")
+        record.update(ok=True, result="None (handed back to vLLM's caller)")  # type: ignore[call-overload]
     else:
         ok = got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
-        record.update(ok=bool(ok), result=f"{tuple(got.shape)} {got.dtype}" + ("" if ok else f" != {tuple(want.shape)}"))
+        record.update(ok=bool(ok), result=f"{tuple(got.shape)} {got.dtype}" + ("" if ok else f" != {tuple(want.shape)}"))  # type: ignore[call-overload]
     return record
 
 

@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-from arxtune.harness.doctor.checks import CHECKS, Check, arx_reason, arxg_rows, backend_reasons, endpoints, run
+from arxtune.harness.doctor.checks import CHECKS, Check, arxg_rows, backend_reasons, endpoints, run
 from arxtune.harness.doctor.host import Host
 from arxtune.harness.doctor.rows import FAIL, INFO, OK, WARN, Row, failed, format_rows
 
-__all__ = ["CHECKS", "Check", "FAIL", "Host", "INFO", "OK", "Row", "WARN", "arx_reason", "arxg_rows", "backend_reasons",
+__all__ = ["CHECKS", "Check", "FAIL", "Host", "INFO", "OK", "Row", "WARN", "arxg_rows", "backend_reasons",
            "doctor", "endpoints", "failed", "format_rows", "run"]
 
 

@@ -7,7 +7,6 @@ each failure: ../shared/FIELD-NOTES.md section 11 (docs/gb10.md lists them row b
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,6 @@ from arxtune.harness import nccl_facts
 from arxtune.harness.doctor.host import Host
 from arxtune.harness.doctor.rows import FAIL, INFO, OK, WARN, Row
 from arxtune.harness.pyverbs_wheel import SYSTEM_NEEDS, full_version
-from arxtune.runtime import env
 from arxtune.runtime.rdma.config import RdmaConfig
 from arxtune.runtime.rdma.device import DeviceInfo, Endpoint, PortInfo, netdev_mtu, read_devices, select_gid
 from arxtune.runtime.rdma.errors import RdmaUnavailable
@@ -342,7 +340,7 @@ def check_gpus(host: Host) -> list[Row]:
         return [Row("gpus", INFO, "none (torch.cuda.is_available() is False)", data={"gpus": []})]
     rows = []
     for g in gpus:
-        yes = lambda k: {1: "yes", 0: "no", None: "unknown"}[g.get(k)]  # noqa: E731
+        yes = lambda k: {1: "yes", 0: "no", None: "unknown"}[g.get(k)]  # noqa: E731, B023 (used in this iteration)
         finding = (f"{g['name']} (sm_{g['capability'].replace('.', '')}), integrated {yes('integrated')}, pageable memory access "
                    f"{yes('pageable_memory_access')} (host page tables {yes('host_page_tables')}), GPUDirect RDMA "
                    f"{yes('gpu_direct_rdma')}, dma-buf {yes('dma_buf')}")
@@ -384,58 +382,24 @@ def check_arxg(host: Host) -> list[Row]:
     return rows
 
 
-def arx_reason(cfg: RdmaConfig | None = None) -> str | None:
-    """Why arx cannot run here, or None if it can (checked locally, without a process group)."""
-    from arxtune.runtime.rdma.device import check_memlock, select_endpoints
+def backend_reasons() -> dict[str, str | None]:
+    """Why each backend cannot run here (None: it can), as its class says without a group; a backend whose class
+    cannot tell (no `why_not_here`) is left out: a sweep under torchrun finds out."""
+    from arxtune.runtime.backends import names, why_not_here
 
-    try:
-        cfg = cfg or RdmaConfig.resolve()
-        from arxtune.runtime.rdma.connection import PYVERBS_IMPORT_ERROR
-
-        if PYVERBS_IMPORT_ERROR is not None:
-            return f"pyverbs not importable ({PYVERBS_IMPORT_ERROR}); install it: {PYVERBS_FIX}"
-        eps = select_endpoints(cfg, read_devices())
-        check_memlock(Layout(2, cfg.slots, cfg.max_bytes, len(eps)).total_bytes)
-    except Exception as exc:
-        return str(exc)
-    return None
-
-
-def backend_reasons(cfg: RdmaConfig | None = None) -> dict[str, str | None]:
-    """Why each built-in backend cannot run here (None: it can); backends not named are not checked without torchrun."""
-    import torch
-    import torch.distributed as dist
-
-    if cfg is None:
+    reasons: dict[str, str | None] = {}
+    for name in names():
         try:
-            cfg = RdmaConfig.resolve()
-        except Exception:  # a bad arx setting is arx's reason, said by arx_reason
-            cfg = None
-
-    reasons: dict[str, str | None] = {
-        "gloo": None if dist.is_available() and dist.is_gloo_available() else "this torch build has no gloo",
-        "nccl": ("this torch build has no NCCL" if not (dist.is_available() and dist.is_nccl_available())
-                 else None if torch.cuda.is_available() else "no CUDA GPU"),
-    }
-    reasons["torch_nccl"] = reasons["nccl"]
-    arx = arx_reason(cfg)
-    reasons["arx"] = reasons["arx2"] = arx
-    no_cuda = None if torch.cuda.is_available() else "needs CUDA tensors; no CUDA GPU"
-    reasons["symm_mem"] = reasons["symm_mem2"] = no_cuda
-    reasons["arxg"] = no_cuda or (None if importlib.util.find_spec("triton") or env.ARXG_KERNELS.is_set() else
-                                  "needs Triton to build its kernels, or a build made elsewhere (ARXTUNE_ARXG_KERNELS)")
-    no_vllm = None if importlib.util.find_spec("vllm") else "vllm is not installed (pip install 'arxtune[vllm]')"
-    reasons["vllm_cpu"] = no_vllm
-    for name in ("vllm_pynccl", "vllm_custom_ar", "vllm_symm_mem"):
-        reasons[name] = no_vllm or no_cuda
+            reasons[name] = why_not_here(name)
+        except KeyError:
+            continue
     return reasons
 
 
 def check_backends(host: Host) -> list[Row]:
     from arxtune.runtime.backends import names
 
-    cfg, _ = _config()
-    reasons = backend_reasons(cfg)
+    reasons = backend_reasons()
     rows = []
     for name in names():
         if name not in reasons:

@@ -161,7 +161,7 @@ class Host:
             return None
 
     def memlock_limit(self) -> int | None:
-        return _memlock() if self.memlock == "ask" else self.memlock
+        return _memlock() if self.memlock == "ask" else self.memlock  # type: ignore[return-value]
 
     def ipv4(self) -> dict[str, list[ipaddress.IPv4Interface]]:
         raw = ip_addresses() if self.addresses is None else self.addresses

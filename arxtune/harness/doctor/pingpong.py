@@ -47,16 +47,16 @@ class Link:
 
     @property
     def base(self) -> int:
-        return ctypes.addressof(self.mem)
+        return ctypes.addressof(self.mem)  # type: ignore[arg-type]
 
     def info(self, gid: str) -> dict:
-        return {"device": self.device, "qpn": self.qp.qp_num, "psn": self.psn, "gid": gid, "addr": self.base,
-                "rkey": self.mr.rkey, "mtu": self.mtu}
+        return {"device": self.device, "qpn": self.qp.qp_num, "psn": self.psn, "gid": gid, "addr": self.base,  # type: ignore[attr-defined]
+                "rkey": self.mr.rkey, "mtu": self.mtu}  # type: ignore[attr-defined]
 
     def close(self) -> None:
         for obj in (self.qp, self.mr, self.cq, self.pd, self.ctx):
             try:
-                obj.close()
+                obj.close()  # type: ignore[attr-defined]
             except Exception:
                 pass
 
@@ -98,7 +98,7 @@ def connect(link: Link, port: int, remote: dict) -> None:
     attr.min_rnr_timer, attr.timeout, attr.retry_cnt, attr.rnr_retry = 12, 14, 7, 7
     gr = GlobalRoute(dgid=GID(remote["gid"]), sgid_index=link.gid_index, hop_limit=64)
     attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=port)
-    link.qp.to_rts(attr)
+    link.qp.to_rts(attr)  # type: ignore[attr-defined]
 
 
 class PeerSilent(Exception):
@@ -110,12 +110,12 @@ def run(link: Link, remote: dict, initiator: bool, timeout_s: float, sizes=SIZES
     from arxtune.runtime.rdma.connection import e
     from pyverbs.wr import SGE, SendWR
 
-    view = np.frombuffer(link.mem, dtype=np.uint8)
+    view = np.frombuffer(link.mem, dtype=np.uint8)  # type: ignore[call-overload]
     recv, send = view[:_MAX], view[_MAX:]
     results, seq = {}, 0
     for size in sizes:
         wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, send_flags=e.IBV_SEND_SIGNALED,
-                    sg=[SGE(link.base + _MAX, size, link.mr.lkey)])
+                    sg=[SGE(link.base + _MAX, size, link.mr.lkey)])  # type: ignore[attr-defined]
         wr.set_wr_rdma(remote["rkey"], remote["addr"])
         halves = []
         for i in range(warmup + iters):
@@ -140,12 +140,12 @@ def _post(link: Link, wr, send, size: int, tag: bytes, timeout_s: float) -> None
     from arxtune.runtime.rdma.connection import cqe_status_to_str, e
 
     send[size - 2:size] = np.frombuffer(tag, dtype=np.uint8)
-    link.qp.post_send(wr)
+    link.qp.post_send(wr)  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout_s
     spins = 0
     while True:
         spins += 1
-        n, wcs = link.cq.poll(1)
+        n, wcs = link.cq.poll(1)  # type: ignore[attr-defined]
         if n:
             if wcs[0].status != e.IBV_WC_SUCCESS:
                 raise RuntimeError(f"RDMA write to rank {link.peer} on {link.device} failed: "

@@ -43,9 +43,10 @@ def run_e2e(cfg: E2EConfig, run_id: str | None = None, say=print) -> Path:
     """Run every arm `repeats` times, alternating; write e2e.json (after each engine) and e2e.png; return the run dir."""
     spec = engine_spec(cfg)
     if cfg.thresholds:
+        from arxtune.runtime.router import check_names
         from arxtune.runtime.thresholds import load
 
-        load(cfg.thresholds)  # a bad file is the user's error here, before any engine starts
+        check_names(load(cfg.thresholds), str(cfg.thresholds))  # a bad file is the user's error here, before any engine starts
     started = time.strftime("%Y%m%d-%H%M%S")
     out = check_run_folder(cfg.out, "--out directory")
     run_dir = out / check_name(run_id or f"e2e-{started}-{platform.node()}-tp{cfg.tensor_parallel_size}", "--run-id")

@@ -101,7 +101,7 @@ def serve_headless(spec: dict, poll_s: float = 2.0) -> dict:
 
 
 def generate(spec: dict) -> dict:
-    from vllm import LLM, SamplingParams
+    from vllm import LLM, SamplingParams  # type: ignore[attr-defined]
 
     started = time.monotonic()
     llm = LLM(**engine_args(spec))

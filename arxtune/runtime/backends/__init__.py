@@ -17,7 +17,8 @@ from __future__ import annotations
 import importlib
 import re
 
-from arxtune.runtime.backends.base import OPS, Backend, BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import OPS, Backend, BackendUnavailable
+from arxtune.runtime.group import GroupContext
 from arxtune.runtime import env
 
 #: backend name -> "module:Class"; the order is the order of sweeps and plots.
@@ -37,11 +38,9 @@ REGISTRY: dict[str, str] = {
 }
 
 
-#: backend name -> the framework opening it imports (seconds of start-up where the process has not imported it).
-FRAMEWORKS: dict[str, str] = {"vllm_cpu": "vllm", "vllm_pynccl": "vllm", "vllm_custom_ar": "vllm", "vllm_symm_mem": "vllm"}
-
-
 ENV_EXTRA = env.EXTRA_BACKENDS.name
+
+
 
 
 def register(name: str, target: str) -> None:
@@ -67,6 +66,7 @@ def parse_extra(text: str) -> tuple[dict[str, str], list[str]]:
 
 
 BUILTIN = frozenset(REGISTRY)
+BUILTIN_ORDER = tuple(REGISTRY)
 #: What was wrong with ARXTUNE_EXTRA_BACKENDS; commands that use backends refuse to start while it is set.
 EXTRA_PROBLEMS: list[str] = []
 
@@ -102,6 +102,45 @@ def backend_class(name: str) -> type:
     except ImportError as exc:
         raise BackendUnavailable(f"cannot import {module_name}: {exc}") from exc
     return getattr(module, class_name)
+
+
+def _class_or_none(name: str) -> type | None:
+    try:
+        return backend_class(split_name(name)[0])
+    except (KeyError, ValueError, BackendUnavailable):
+        return None
+
+
+def framework(name: str) -> str:
+    """The framework whose own communicator `name` (or a variant of it) is (its class's `framework`), else ''."""
+    return getattr(_class_or_none(name), "framework", "")
+
+
+def why_not_here(name: str) -> str | None:
+    """Why `name` cannot run on this box, asked of its class without a group: None when it may;
+    KeyError when its class cannot tell without a group (no `why_not_here`)."""
+    try:
+        cls = backend_class(name)
+    except BackendUnavailable as exc:
+        return exc.reason
+    ask = getattr(cls, "why_not_here", None)
+    if ask is None:
+        raise KeyError(name)
+    return ask()
+
+
+def check_options(name: str, options: dict) -> None:
+    """Raise when `name`'s class refuses these options (its `check_options`); a class without one takes any."""
+    check = getattr(_class_or_none(name), "check_options", None)
+    if check is not None:
+        check(options)
+
+
+def start_up_candidates(device_type: str) -> tuple[str, ...]:
+    """What the start-up ladder may time for a group without a file: the built-ins whose class names this device
+    type in `start_up_candidate`, then every site backend (ARXTUNE_EXTRA_BACKENDS), opened to find out."""
+    own = tuple(n for n in BUILTIN_ORDER if device_type in getattr(_class_or_none(n), "start_up_candidate", ()))
+    return own + tuple(n for n in names() if n not in BUILTIN)
 
 
 _VARIANT = re.compile(r"(?P<base>\w+)\[(?P<body>[^\[\]]*)\]")
@@ -151,7 +190,7 @@ def canonical(name: str) -> str:
     if not settings:
         return name
     variant = variant_of(name)[1]
-    return f"{base}[{','.join(f'{k}={v}' for k, v in variant.settings().items())}]"
+    return f"{base}[{','.join(f'{k}={v}' for k, v in variant.settings().items())}]"  # type: ignore[attr-defined]
 
 
 def problem(name: str) -> str:
@@ -189,5 +228,6 @@ def create(name: str, ctx: GroupContext) -> Backend:
     return cls(ctx) if variant is None else cls(ctx, variant=variant)
 
 
-__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "canonical", "check_extra", "create", "names",
-           "problem", "register", "split_name", "split_names", "with_variants"]
+__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "canonical", "check_extra", "check_options",
+           "create", "framework", "names", "problem", "register", "split_name", "split_names", "start_up_candidates",
+           "why_not_here", "with_variants"]

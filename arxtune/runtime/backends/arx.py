@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from arxtune.runtime.rdma import Collectives, RdmaConfig, RdmaUnavailable, connect, gloo_exchange
 from arxtune.runtime.errors import ArxtuneError
-from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 #: dtypes whose sum torch computes the same way on every rank (no bool / complex)
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64})
@@ -33,9 +34,36 @@ def resolve_config(ctx: GroupContext, name: str) -> RdmaConfig:
     return RdmaConfig.resolve({**ctx.options_for("arx"), **ctx.options_for(name)})
 
 
+def rdma_options(options: dict) -> None:
+    """RDMA settings as arx reads them (arxg's `transport` is its own)."""
+    RdmaConfig.resolve({k: v for k, v in options.items() if k != "transport"}, env={})
+
+
+def rdma_missing() -> str | None:
+    """Why arx cannot run here, or None: its settings, pyverbs, the RDMA devices and the memory it may lock (no group needed)."""
+    from arxtune.runtime.rdma.connection import PYVERBS_IMPORT_ERROR
+    from arxtune.runtime.rdma.device import check_memlock, read_devices, select_endpoints
+    from arxtune.runtime.rdma.protocol import Layout
+
+    try:
+        cfg = RdmaConfig.resolve()
+        if PYVERBS_IMPORT_ERROR is not None:
+            return f"pyverbs not importable ({PYVERBS_IMPORT_ERROR}); install it: `arxtune pyverbs install` (the rdma extra)"
+        eps = select_endpoints(cfg, read_devices())
+        check_memlock(Layout(2, cfg.slots, cfg.max_bytes, len(eps)).total_bytes)
+    except Exception as exc:
+        return str(exc)
+    return None
+
+
 class _Arx:
     name: ClassVar[str]
     capturable: ClassVar[bool] = False
+    check_options = staticmethod(rdma_options)
+
+    @classmethod
+    def why_not_here(cls) -> str | None:
+        return rdma_missing()
 
     def __init__(self, ctx: GroupContext):
         if not dist.is_initialized():

@@ -26,9 +26,11 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
+from arxtune.runtime import env
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.rdma import RdmaConfig, RdmaUnavailable, gloo_exchange
-from arxtune.runtime.backends.base import OPS, BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import OPS, BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 
 #: options that record what a run chose (effective_options), ignored when a file's options are read back
@@ -39,6 +41,22 @@ class ArxGraph:
     name: ClassVar[str] = "arxg"
     capturable: ClassVar[bool] = True
     ops: ClassVar[tuple[str, ...]] = OPS
+
+    @staticmethod
+    def check_options(options: dict) -> None:
+        from arxtune.runtime.backends.arx import rdma_options
+
+        rdma_options(options)
+
+    @classmethod
+    def why_not_here(cls) -> str | None:
+        import importlib.util
+
+        if not torch.cuda.is_available():
+            return "needs CUDA tensors; no CUDA GPU"
+        if importlib.util.find_spec("triton") or env.ARXG_KERNELS.is_set():
+            return None
+        return "needs Triton to build its kernels, or a build made elsewhere (ARXTUNE_ARXG_KERNELS)"
 
     def __init__(self, ctx: GroupContext):
         if ctx.device.type != "cuda":

@@ -20,6 +20,17 @@ a C loop), recording the CUDA events `start` before them and `end` after.
 A backend that writes over RDMA devices may define fabric_devices() -> the device
 names it uses (empty: all): the sweep then measures the fabric's ib_write_lat floor.
 
+What only the backend knows, asked of its class without a group (doctor, config
+checks, the start-up ladder and the vLLM plugin ask; each is optional):
+- why_not_here() -> str | None (classmethod): why it cannot run on this box
+  (None: it may; absent: not known without a group);
+- check_options(options) (classmethod): raise on options it does not take, so a
+  bad option is refused before launching, even where it cannot run;
+- start_up_candidate: the device types ("cpu", "cuda") on which the start-up
+  ladder may time it for a group without a thresholds file;
+- framework: the framework whose own communicator it is ("vllm"), which opening
+  it imports and whose ranges that framework's plugin serves itself.
+
 A capturable backend whose failures happen inside a graph replay (a kernel
 that gave up waiting) may also define check(): the harness calls it after
 synchronising and records what it raises as the point's error.
@@ -27,12 +38,35 @@ synchronising and records what it raises as the point's error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
 from arxtune.runtime.ops import OPS  # noqa: F401  (re-exported: the ops are defined once, in arxtune.runtime.ops)
+
+
+def no_cuda() -> str | None:
+    """Why a backend of CUDA tensors cannot run here, or None."""
+    return None if torch.cuda.is_available() else "needs CUDA tensors; no CUDA GPU"
+
+
+def no_vllm() -> str | None:
+    """Why a backend of vLLM's cannot run here, or None (found, not imported: importing vLLM takes seconds)."""
+    import importlib.util
+
+    return None if importlib.util.find_spec("vllm") else "vllm is not installed (pip install 'arxtune[vllm]')"
+
+
+def max_bytes_only(options: dict) -> None:
+    """The options of a backend whose only one is its buffer's size."""
+    from arxtune.runtime.errors import ArxtuneError
+    from arxtune.runtime.units import parse_bytes
+
+    unknown = sorted(set(options) - {"max_bytes"})
+    if unknown:
+        raise ArxtuneError(f"unknown option {unknown[0]!r}; known: max_bytes")
+    if "max_bytes" in options:
+        parse_bytes(options["max_bytes"])
 
 
 class BackendUnavailable(Exception):
@@ -41,24 +75,6 @@ class BackendUnavailable(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class GroupContext:
-    """What a backend gets to set itself up: who we are and how to talk to peers."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    cpu_group: Any  # a gloo ProcessGroup: always there, for set-up exchanges
-    device_group: Any = None  # the torch.distributed group for the device (NCCL on CUDA)
-    options: dict = field(default_factory=dict)  # per-backend options from the config, by backend name
-
-    def options_for(self, backend: str) -> dict:
-        return dict(self.options.get(backend, {}))
-
-
 
 
 class Backend(Protocol):

@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from arxtune.runtime.distributed import gather_objects
 from arxtune.runtime.backends import create, names
-from arxtune.runtime.backends.base import OPS, Backend, BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import OPS, Backend, BackendUnavailable
+from arxtune.runtime.group import GroupContext, agreed_reason, gather_objects
 
 
 def default_baseline(device: torch.device) -> str:
     """The torch.distributed backend for this device's tensors."""
     return "nccl" if device.type == "cuda" else "gloo"
-
-
-def agreed_reason(reasons: list[str]) -> str:
-    """One reason for all ranks: said once when every rank gives the same, else per rank."""
-    failed = [(rank, why) for rank, why in enumerate(reasons) if why]
-    if not failed:
-        return ""
-    if len(failed) == len(reasons) and len({why for _, why in failed}) == 1:
-        return failed[0][1]
-    return "; ".join(f"rank {rank}: {why}" for rank, why in failed)
 
 
 def backend_capacity(backend: Backend) -> dict[str, int]:

@@ -12,7 +12,8 @@ from typing import ClassVar
 import torch
 
 from arxtune.runtime.units import parse_bytes
-from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import BackendUnavailable, max_bytes_only, no_cuda
+from arxtune.runtime.group import GroupContext
 
 DEFAULT_MAX_BYTES = 64 << 20
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -24,6 +25,11 @@ class _SymmMemAllReduce:
     ops = ("all_reduce",)
     kernel: ClassVar[str]
     min_world: ClassVar[int] = 1
+    check_options = staticmethod(max_bytes_only)
+
+    @classmethod
+    def why_not_here(cls) -> str | None:
+        return no_cuda()
 
     def __init__(self, ctx: GroupContext):
         if ctx.device.type != "cuda":
@@ -64,6 +70,7 @@ class _SymmMemAllReduce:
 class SymmMemOneShot(_SymmMemAllReduce):
     name = "symm_mem"
     kernel = "one_shot_all_reduce_out"
+    start_up_candidate = ("cuda",)
 
 
 class SymmMemTwoShot(_SymmMemAllReduce):

@@ -12,11 +12,19 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.backends.base import BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import BackendUnavailable
+from arxtune.runtime.group import GroupContext
 
 # Newer torch renamed the tensor-in/tensor-out collectives; older ones (the GPU images) lack the new names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def nccl_missing() -> str | None:
+    """Why NCCL cannot run here (torch's build, or no GPU), or None."""
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return "this torch build has no NCCL"
+    return None if torch.cuda.is_available() else "no CUDA GPU"
 
 
 class _TorchDistBackend:
@@ -32,6 +40,10 @@ class _TorchDistBackend:
         self.group = self._make_group(ctx)
 
     def _make_group(self, ctx: GroupContext):
+        raise NotImplementedError
+
+    @classmethod
+    def why_not_here(cls) -> str | None:
         raise NotImplementedError
 
     def supports(self, op: str, dtype: torch.dtype, nbytes: int) -> bool:
@@ -56,6 +68,10 @@ class GlooBackend(_TorchDistBackend):
     capturable = False
     device_type = "cpu"
 
+    @classmethod
+    def why_not_here(cls) -> str | None:
+        return None if dist.is_available() and dist.is_gloo_available() else "this torch build has no gloo"
+
     def _make_group(self, ctx: GroupContext):
         return ctx.cpu_group
 
@@ -63,6 +79,10 @@ class GlooBackend(_TorchDistBackend):
 class TorchNcclBackend(_TorchDistBackend):
     name = "torch_nccl"
     capturable = True
+
+    @classmethod
+    def why_not_here(cls) -> str | None:
+        return nccl_missing()
     device_type = "cuda"
 
     def _make_group(self, ctx: GroupContext):

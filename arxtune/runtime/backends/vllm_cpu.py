@@ -27,14 +27,21 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.distributed import gather_objects
-from arxtune.runtime.backends.base import OPS, BackendUnavailable, GroupContext
+from arxtune.runtime.group import gather_objects
+from arxtune.runtime.backends.base import OPS, BackendUnavailable, no_vllm
+from arxtune.runtime.group import GroupContext
 
 
 class VllmCpuBackend:
     name: ClassVar[str] = "vllm_cpu"
     capturable: ClassVar[bool] = False
     ops: ClassVar[tuple[str, ...]] = OPS
+    framework: ClassVar[str] = "vllm"
+    start_up_candidate: ClassVar[tuple[str, ...]] = ("cpu",)
+
+    @classmethod
+    def why_not_here(cls) -> str | None:
+        return no_vllm()
 
     def __init__(self, ctx: GroupContext):
         if ctx.device.type != "cpu":

@@ -17,7 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from arxtune.runtime.backends.base import OPS, BackendUnavailable, GroupContext
+from arxtune.runtime.backends.base import OPS, BackendUnavailable, no_cuda, no_vllm
+from arxtune.runtime.group import GroupContext
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -27,6 +28,11 @@ class _VllmCuda:
     capturable: ClassVar[bool] = True
     ops: ClassVar[tuple[str, ...]] = ("all_reduce",)
     vllm_class: ClassVar[str]
+    framework: ClassVar[str] = "vllm"
+
+    @classmethod
+    def why_not_here(cls) -> str | None:
+        return no_vllm() or no_cuda()
 
     def __init__(self, ctx: GroupContext):
         if ctx.device.type != "cuda":
@@ -77,6 +83,7 @@ class VllmPyNccl(_VllmCuda):
 
 class VllmCustomAllreduce(_VllmCuda):
     name = "vllm_custom_ar"
+    start_up_candidate = ("cuda",)
     # Inside graphs vLLM registers the graph's buffers through its own capture() context,
     # which a generic harness cannot enter: timed eagerly only.
     capturable = False

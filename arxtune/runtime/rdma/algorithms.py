@@ -127,7 +127,7 @@ class Collectives:
             dst.copy_(src)
             return
         if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(device=dst.device)
+            self._copy_stream = torch.cuda.Stream(device=dst.device)  # type: ignore[assignment]
         with torch.cuda.stream(self._copy_stream):
             dst.copy_(src, non_blocking=True)
             ev = torch.cuda.Event()
@@ -235,8 +235,8 @@ class Collectives:
 
     def _wait_for_producers(self, out: torch.Tensor) -> None:
         if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(device=out.device)
-        self._copy_stream.wait_stream(torch.cuda.current_stream(out.device))
+            self._copy_stream = torch.cuda.Stream(device=out.device)  # type: ignore[assignment]
+        self._copy_stream.wait_stream(torch.cuda.current_stream(out.device))  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self._retire_copies(self.step)

@@ -247,10 +247,10 @@ class GpuRank:
             kernel = self.k.handshake_kernel
             kernel[(1,)](*[named[n] for n in kernel.arg_names], num_warps=1)
             return
-        launch = self._packed.get("handshake")
+        launch = self._packed.get("handshake")  # type: ignore[call-overload]
         if launch is None:
             func, image = self._function(Variant("handshake"))
-            launch = self._packed["handshake"] = self._pack(image, func, (1,), named)
+            launch = self._packed["handshake"] = self._pack(image, func, (1,), named)  # type: ignore[index]
         cudadrv.check(self._launch_c(launch.address, cudadrv.current_stream(self.index)), "arxg: launching a handshake")
 
     def check(self) -> None:
@@ -283,7 +283,7 @@ class Rotation:
     def launches(self) -> list[cudadrv.Launch]:
         """Each pair's packed launch, made at the first call (where a missing build is the call's error)."""
         if self._launches is None:
-            self._launches = [self.rank.prepare(self.op, i, o) for i, o in self.pairs]
+            self._launches = [self.rank.prepare(self.op, i, o) for i, o in self.pairs]  # type: ignore[assignment]
         return self._launches
 
     def __call__(self) -> None:

@@ -180,7 +180,7 @@ def _gate_wait(gate, seq, deadline):
 @triton.jit(do_not_specialize=["rank"])
 def collective_kernel(inp, out, staging, sources, flags, ctrl, counter, rank, n_stage, n_part, slot_elems, nbytes,
                       ndev_used, op_code, timeout_ns, OP: tl.constexpr, WORLD: tl.constexpr, NDEV: tl.constexpr,
-                      INT_ACC: tl.constexpr, BLOCK: tl.constexpr):
+                      INT_ACC: tl.constexpr, BLOCK: tl.constexpr):  # noqa: F811 (Triton's constexpr, given abi.BLOCK)
     """One collective in one kernel: stage, ring, wait for the peers' flags, finish.
 
     The grid is persistent (at most one program per multiprocessor: gpu.py caps it) so every program is resident while program 0 spins: each program loops

@@ -69,7 +69,7 @@ def _open_transport(args: ProxyArgs, seg: Segment, exchange):
         from arxtune.runtime.rdma.connection import open_transport
 
         # every peer striped over exactly the layout's ndev links: the kernels wait for that many flags from each
-        return open_transport(args.rdma_config, args.rank, args.world, exchange, buf=seg.data_tensor(), width=args.layout[3])
+        return open_transport(args.rdma_config, args.rank, args.world, exchange, buf=seg.data_tensor(), width=args.layout[3])  # type: ignore[arg-type]
     raise RdmaUnavailable(f"arxg: unknown transport {args.transport!r}; use 'shm' or 'verbs'")
 
 

@@ -1,4 +1,7 @@
-"""Process-group set-up for one sweep rank and the small agreements ranks need."""
+"""The sweep's process group: joining the torchrun job, picking this rank's device, leaving together.
+
+The agreements the sweep reaches over that group are the runtime's own (arxtune.runtime.group).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from arxtune.runtime.backends import GroupContext
-from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime import env
+from arxtune.runtime.errors import ArxtuneError
+from arxtune.runtime.fingerprint import host_facts
+from arxtune.runtime.group import GroupContext, all_max, all_true, gather_objects, max_per_iteration
+
+__all__ = ["TORCHRUN_VARS", "all_max", "all_true", "describe_host", "gather_objects", "init", "max_per_iteration",
+           "pick_device", "shutdown", "under_torchrun"]
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -46,36 +53,8 @@ def init(timeout_s: float, options: dict | None = None) -> GroupContext:
     return GroupContext(rank, world, local_rank, device, cpu_group, device_group, options or {})
 
 
-def all_true(flag: bool, group) -> bool:
-    """True only if every rank says True."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN, group=group)
-    return bool(value.item())
-
-
-def all_max(value: float, group) -> float:
-    tensor = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    return float(tensor.item())
-
-
-def gather_objects(obj, group) -> list:
-    out = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
-
-
-def max_per_iteration(samples: list[float], group) -> list[float]:
-    """Every rank's per-iteration times, reduced to the slowest rank per iteration."""
-    tensor = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    return tensor.tolist()
-
-
 def describe_host(ctx: GroupContext) -> dict:
     """Host name, device name, NVIDIA driver and RDMA devices (what thresholds fingerprints compare)."""
-    from arxtune.runtime.fingerprint import host_facts
-
     return host_facts(ctx.device)
 
 

@@ -1,6 +1,6 @@
 """Multi-rank check of the arx backends under torchrun (one launch tests many cases).
 
-    torchrun --nproc-per-node 3 tests/rdma/mp_check.py [--bench] [--quick] [--arxg]
+    torchrun --nproc-per-node 3 tests/rdma/device/mp_check.py [--bench] [--quick] [--arxg]
 
 Every op x dtype x size for arx and arx2 against exact references (inputs are
 small integers, so every sum is exact), bit-identity across ranks, many
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from arxtune.runtime.backends import create
-from arxtune.runtime.backends.base import GroupContext
+from arxtune.runtime.group import GroupContext
 from arxtune.runtime.ops import OP_SPECS, expected_output, make_input, mismatch
 from arxtune.runtime.rdma.device import read_devices
 
@@ -58,7 +58,7 @@ class Checker:
                 if be.supports("all_reduce", dt, n * es):
                     out = torch.full((n,), float("nan"), dtype=dt)
                     be.all_reduce(exact(r, n, dt, salt), out)
-                    ref = sum(exact(q, n, dt, salt).double() for q in range(w)).to(dt)
+                    ref = sum(exact(q, n, dt, salt).double() for q in range(w)).to(dt)  # type: ignore[union-attr]
                     self.expect(torch.equal(out, ref), f"{label} all_reduce {dt} n={n}")
                     self.check_identical(out, f"{label} all_reduce {dt} n={n}")
                 if be.supports("all_gather", dt, w * n * es):
@@ -69,7 +69,7 @@ class Checker:
                 if be.supports("reduce_scatter", dt, w * n * es):
                     out = torch.empty(n, dtype=dt)
                     be.reduce_scatter(exact(r, w * n, dt, salt + 2), out)
-                    full = sum(exact(q, w * n, dt, salt + 2).double() for q in range(w)).to(dt)
+                    full = sum(exact(q, w * n, dt, salt + 2).double() for q in range(w)).to(dt)  # type: ignore[union-attr]
                     self.expect(torch.equal(out, full[r * n : (r + 1) * n]), f"{label} reduce_scatter {dt} n={n}")
 
     def check_identical(self, out, what):
@@ -162,7 +162,7 @@ def main() -> int:
         x = exact(rank, n, torch.float32, 50_000 + i)
         out = torch.empty(n)
         (be1 if i % 2 else be2).all_reduce(x, out)
-        bad += not torch.equal(out, sum(exact(q, n, torch.float32, 50_000 + i) for q in range(world)))
+        bad += not torch.equal(out, sum(exact(q, n, torch.float32, 50_000 + i) for q in range(world)))  # type: ignore[arg-type]
     chk.expect(bad == 0, f"300 consecutive all-reduces without barriers: {bad} wrong")
     names = [d.name for d in read_devices()]
     if len(names) >= 2 and not args.quick:  # the "twins": stripe big writes over two devices

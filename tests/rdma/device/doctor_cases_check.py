@@ -1,6 +1,6 @@
 """Checks what scripts/rdma_lab/doctor-cases.sh left behind (the group doctor in the two-guest lab).
 
-    python tests/rdma/doctor_cases_check.py OUT_DIR
+    python tests/rdma/device/doctor_cases_check.py OUT_DIR
 
 Healthy: exit 0 on both guests, every pair's verdict ok, ping-pong figures present and positive on
 both rails. GID index made to differ: exit 1 and the twin's GID index row FAIL, naming both ranks'

@@ -1,8 +1,7 @@
-"""`arxtune doctor` on a fake fabric, and on the soft-RoCE device in the lab guest (marked rdma)."""
+"""`arxtune doctor` on a fake machine (on the lab's device: tests/rdma/device/test_doctor_device.py)."""
 
 from __future__ import annotations
 
-import pytest
 
 from arxtune.harness.doctor import Host, doctor, format_rows
 from arxtune.harness.doctor.rows import FAIL, OK
@@ -26,7 +25,7 @@ class _Verbs:
 def test_report_on_a_fake_machine(tmp_path):
     make_dev(tmp_path / "sys/class/infiniband", "rxe0",
              [(v4(127, 0, 0, 1), "RoCE v2", "lo"), (v4(10, 77, 0, 1), "RoCE v2", "dummy0")])
-    rows = {r.item: r for r in doctor(Host(root=tmp_path, verbs=_Verbs(), memlock=None, torch_nccl=None, addresses={}))}
+    rows = {r.item: r for r in doctor(Host(root=tmp_path, verbs=_Verbs(), memlock=None, torch_nccl=None, addresses={}))}  # type: ignore[arg-type]
     assert rows["rxe0 port 1"].finding.startswith("ACTIVE, Ethernet, active MTU 1024")
     assert rows["rxe0 port 1"].data["gid_index"] == 1 and "GID 1 (10.77.0.1 on dummy0)" in rows["rxe0 port 1"].finding
     assert rows["memory registration"].status == OK
@@ -38,16 +37,3 @@ def test_bad_environment_setting_is_reported_not_raised(monkeypatch):
     monkeypatch.setenv("ARXTUNE_RDMA_MAX_BYTES", "huge")
     rows = {r.item: r for r in doctor()}
     assert rows["arx settings"].status == FAIL and "not a byte size" in rows["arx settings"].finding
-
-
-@pytest.mark.rdma
-def test_doctor_on_the_device_says_arx_can_run():
-    """The lab's soft-RoCE devices through the rdma extra's pyverbs: listed, their ports read, 4 KiB registered."""
-    rows = doctor()
-    print(format_rows(rows))
-    got = {r.item: r for r in rows}
-    assert got["pyverbs"].status == OK and got["pyverbs"].data["bundled"], got["pyverbs"]
-    assert set(got["pyverbs"].data["seen"]) >= {"rxe0", "rxe1"}
-    assert got["backend arx"].finding == "can run (under torchrun)"
-    assert got["memory registration"].status == OK, got["memory registration"]
-    assert got["rxe0 port 1"].data["active_mtu"] in (1024, 4096) and got["rxe0 port 1"].data["gid_index"] is not None

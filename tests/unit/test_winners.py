@@ -1,7 +1,7 @@
 import numpy as np
 import pandas as pd
 
-from arxtune.harness.decision import measured_winners, sustained
+from arxtune.harness.winners import measured_winners, sustained
 
 
 def _frame(rows):
@@ -62,7 +62,7 @@ def test_one_noisy_size_does_not_cut_a_sustained_win_in_two():
 
 
 def test_bridged_leaves_runs_it_does_not_sit_between():
-    from arxtune.harness.decision import bridged
+    from arxtune.harness.winners import bridged
 
     everywhere = [{"a", "b"}] * 5
     assert bridged(["a", "gloo", "b", "b", "b"], "gloo", everywhere) == ["a", "gloo", "b", "b", "b"]
@@ -87,7 +87,7 @@ def test_a_win_in_most_rounds_displaces_the_baseline_despite_bad_rounds():
 
 
 def test_a_win_in_three_or_four_rounds_of_five_is_not_yet_clear_and_asks_for_more_rounds():
-    from arxtune.runtime.decision import PointTimes, clearly_faster, rounds_needed, undecided
+    from arxtune.runtime.faster import PointTimes, clearly_faster, rounds_needed, undecided
 
     base = PointTimes.from_rounds([[800], [700], [3000], [3000], [600]])
     four = PointTimes.from_rounds([[3400], [90], [100], [300], [90]])
@@ -103,7 +103,7 @@ def test_a_win_in_three_or_four_rounds_of_five_is_not_yet_clear_and_asks_for_mor
 
 
 def test_clear_wins_and_clear_losses_are_decided():
-    from arxtune.runtime.decision import PointTimes, undecided
+    from arxtune.runtime.faster import PointTimes, undecided
 
     base = PointTimes.from_rounds([[100.0]] * 5)
     assert not undecided(PointTimes.from_rounds([[50.0]] * 5), base, 0.05)
@@ -126,14 +126,14 @@ def test_a_win_in_a_minority_of_rounds_keeps_the_baseline():
 
 
 def test_round_ratios_within_the_margin_keep_the_baseline():
-    from arxtune.harness.decision import clearly_faster
+    from arxtune.harness.winners import clearly_faster
 
     base, fast = (pd.Series(r) for r in _paired(1024, [100, 110, 90, 100, 105], [97, 106, 86, 96, 101]))
     assert not clearly_faster(fast, base, 0.05) and clearly_faster(fast, base, 0.01)
 
 
 def test_rounds_that_do_not_pair_fall_back_to_the_intervals():
-    from arxtune.harness.decision import clearly_faster
+    from arxtune.harness.winners import clearly_faster
 
     base, fast = (pd.Series(r) for r in _paired(1024, [100, 100, 100, 100, 100], [50, 50, 50, 150]))
     assert not clearly_faster(fast, base, 0.05)  # four rounds against five: 150 > 100 overlaps

@@ -1,4 +1,4 @@
-"""The per-point decision rule, shared by calibrate (arxtune.harness.decision) and the start-up ladder.
+"""Whether one backend is clearly faster than another at one size: the rule calibrate (arxtune.harness.winners) and the start-up ladder share.
 
 A challenger beats the baseline at one size only clearly: its pooled median
 beats the baseline's by more than `margin`, and so do most paired rounds

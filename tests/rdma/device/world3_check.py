@@ -1,6 +1,6 @@
 """Three ranks on three hosts: reachability, an arx sweep and the communicator, per topology, in one launch.
 
-    RANK=R WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=... MASTER_PORT=... python tests/rdma/world3_check.py --out DIR \
+    RANK=R WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=... MASTER_PORT=... python tests/rdma/device/world3_check.py --out DIR \
         --topology ring=rxe0,rxe1 --topology switch=rxe2,rxe3 --unreachable rxe0
 
 (torchrun's variables set by hand: torchrun's own agent would import torch once more in each guest,
@@ -35,7 +35,7 @@ from arxtune.harness import sweep
 from arxtune.harness.calibrate import calibrate
 from arxtune.harness.config import from_mapping
 from arxtune.harness.results import load_run
-from arxtune.runtime import distributed
+from arxtune.harness import distributed
 from arxtune.runtime.communicator import Communicator
 from arxtune.runtime.ops import expected_output, make_input, mismatch
 from arxtune.runtime.rdma import RdmaConfig, connect, gloo_exchange, reach

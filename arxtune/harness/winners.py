@@ -1,10 +1,10 @@
-"""The measured decision rule: which backend serves each measured size.
+"""Which backend wins each measured size: the measured decision rule calibrate and compare use.
 
 At each size the baseline keeps the point unless a challenger beats it
 clearly: its pooled median beats the baseline's by more than `margin`, and
 so does the median over rounds of its time over the baseline's in the same
 round, in enough rounds that a tie would rarely do as well (the runtime's
-rule, arxtune.runtime.decision). The backends take turns within a round, so a round compares them
+rule, arxtune.runtime.faster). The backends take turns within a round, so a round compares them
 under the same conditions and drift between rounds cancels; the median over
 rounds lets a minority of bad rounds (a rank descheduled while it spins)
 pass without deciding anything. Points without paired rounds (one round, or
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from arxtune.runtime.decision import PointTimes
-from arxtune.runtime.decision import clearly_faster as point_clearly_faster
+from arxtune.runtime.faster import PointTimes
+from arxtune.runtime.faster import clearly_faster as point_clearly_faster
 
 #: Consecutive measured sizes a challenger must win to displace the baseline.
 MIN_RUN = 2

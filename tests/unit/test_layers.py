@@ -25,7 +25,8 @@ FORBIDDEN = ("arxtune.harness", "arxtune.cli", "pandas", "matplotlib", "typer", 
 #: module has one (a package's name covers its submodules; the longest prefix wins).
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "env", "units", "schema", "fileio", "native"),  # ground: no torch.distributed, no file formats
-    ("ops", "thresholds", "fingerprint", "group", "faster", "timing", "cudadrv", "rdma"),  # facts, formats, agreements
+    ("ops", "thresholds", "fingerprint", "group", "faster", "timing", "cudadrv", "rdma", "runs"),  # facts, formats, agreements
+    ("rounds",),  # the one measuring engine, which the ladder and the sweep drive
     ("backends",),  # one file per backend, the registry, opening them on a group
     ("router", "ladder", "nccl_tuner"),  # what serves which call, and the start-up check of it
     ("dispatch",),  # the one path both callers take

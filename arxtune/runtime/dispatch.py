@@ -247,10 +247,10 @@ class Dispatch:
         wanted: tuple[str, ...]
         if thresholds is not None:  # what the file names opens for serving anyway: the budget starts after it
             wanted = tuple(sorted({r.backend for t in thresholds.tables if t.world_size == ctx.world_size for r in t.ranges}))
-        else:  # candidates open for the ladder alone: their opening is part of its budget
+        else:  # candidates open for the ladder alone: their opening is part of its budget (asking their classes is not)
+            asked = ladder.candidates(ctx.device) if candidates and policy == "adjust" else ()
             since = time.monotonic()
             named = {o.backend for o in parse_overrides(env.OVERRIDES.get())}
-            asked = ladder.candidates(ctx.device) if candidates and policy == "adjust" else ()
             wanted, left = ladder.within_reach(asked, named) if asked else ((), {})
         wanted = tuple(dict.fromkeys(also_open + wanted))
         baseline = thresholds.baseline if thresholds else (also_open[0] if also_open else fallback)

@@ -137,6 +137,28 @@ def test_no_runtime_import_runs_up_a_floor():
     assert not upward, "\n".join(upward)
 
 
+def test_no_cycle_between_the_runtime_packages():
+    """Module by module a floor may import within itself; package by package (thresholds, backends, rdma, ...) nothing
+    imports its way back to where it started (the registry and the thresholds file once did)."""
+    top = {}
+    for a, _, b in _runtime_edges():
+        pa, pb = (m.removeprefix("arxtune.runtime.").split(".")[0] for m in (a, b))
+        if pa != pb:
+            top.setdefault(pa, set()).add(pb)
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in top.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    assert len(top) > 10
+    assert not [p for p in top if p in reach(p)]
+
+
 def test_the_floor_check_sees_an_import_running_up():
     """The checker itself: thresholds (facts) importing the registry (backends) is an arrow up."""
     assert floor_of("arxtune.runtime.backends") > floor_of("arxtune.runtime.thresholds")

@@ -16,25 +16,31 @@ from arxtune.runtime.fileio import RUN_DATA_FILES, is_run_dir
 from arxtune.runtime.thresholds import Thresholds, load
 
 
+BITWISE_WORDS = {True: "yes", False: "no"}
+
+
 def run_table(path: str | Path) -> RichTable:
     run = load_run(path)
     meta = run.meta
     title = (f"run {meta.run_id}: world {meta.world_size}, {', '.join(sorted(set(meta.hostnames)))}, "
              f"torch {meta.torch_version}, started {meta.started}, {'finished ' + meta.finished if meta.finished else 'unfinished'}")
     table = RichTable(title=title, title_justify="left")
-    for column in ("backend", "op", "dtype", "view", "bytes", "median us", "p10-p90 us", "p99 us", "round medians us", "busbw GB/s", "iters", "status"):
-        table.add_column(column, justify="right" if column not in ("backend", "op", "dtype", "view", "status") else "left")
+    # Whether a point's output on random data had the baseline's bits (blank: not checked, as in runs before format 4).
+    bits = f"bits = {meta.baseline}"
+    for column in ("backend", "op", "dtype", "view", "bytes", "median us", "p10-p90 us", "p99 us", "round medians us", "busbw GB/s", "iters",
+                   bits, "status"):
+        table.add_column(column, justify="right" if column not in ("backend", "op", "dtype", "view", bits, "status") else "left")
     for row in run.frame().itertuples():
         if row.status == "ok":
             flag = " unstable" if row.unstable else ""
             table.add_row(row.backend, row.op, row.dtype, row.view, format_bytes(row.nbytes), f"{row.median_us:.1f}",
                           f"{row.p10_us:.1f}-{row.p90_us:.1f}", f"{row.p99_us:.1f}", f"{row.ci_low_us:.1f}-{row.ci_high_us:.1f}",
-                          f"{row.busbw_gbps:.3f}", f"{row.iters}/{row.rounds}r", "ok" + flag)
+                          f"{row.busbw_gbps:.3f}", f"{row.iters}/{row.rounds}r", BITWISE_WORDS.get(row.bitwise, ""), "ok" + flag)
         else:
-            table.add_row(row.backend, row.op, row.dtype, row.view, format_bytes(row.nbytes), *[""] * 6, f"{row.status}: {row.error}")
+            table.add_row(row.backend, row.op, row.dtype, row.view, format_bytes(row.nbytes), *[""] * 7, f"{row.status}: {row.error}")
     for name, state in meta.backends.items():
         if not state.get("available"):
-            table.add_row(name, *[""] * 10, f"unavailable: {state.get('reason', '')}")
+            table.add_row(name, *[""] * 11, f"unavailable: {state.get('reason', '')}")
     return table
 
 

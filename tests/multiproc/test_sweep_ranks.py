@@ -20,7 +20,7 @@ from arxtune.runtime.thresholds import load
 pytestmark = pytest.mark.multiproc
 TESTS = Path(__file__).parents[1]
 EXTRA = ("counting=helpers.backends:CountingGloo,offbyone=helpers.backends:OffByOne,dies=helpers.backends:DiesAtSize,"
-         "laterwrong=helpers.backends:WrongAfterCheck,smallonly=helpers.backends:SmallOnly")
+         "laterwrong=helpers.backends:WrongAfterCheck,smallonly=helpers.backends:SmallOnly,reversed=helpers.backends:ReversedSum")
 SMALL = ["--min-bytes", "1KiB", "--max-bytes", "16KiB", "--step-factor", "4", "--point-budget-s", "0.02", "--no-progress"]
 
 
@@ -41,7 +41,8 @@ def error_lines(stderr):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sweep_calibrate_plot(tmp_path, world):
-    result = arxtune("sweep", "--nproc-per-node", world, "--backends", "gloo,offbyone,laterwrong,arx", "--dtypes", "float32,bfloat16",
+    backends = "gloo,offbyone,laterwrong,arx" + (",reversed" if world == 3 else "")
+    result = arxtune("sweep", "--nproc-per-node", world, "--backends", backends, "--dtypes", "float32,bfloat16",
                      "--out", tmp_path, "--run-id", "run", *SMALL)
     assert result.returncode == 0, result.stdout + result.stderr
     run = load_run(tmp_path / "run")
@@ -57,6 +58,18 @@ def test_sweep_calibrate_plot(tmp_path, world):
     assert set(later.status) == {"wrong"}
     # Its call count carries over to the view timed next (isolated), whose first check then fails.
     assert later[later["view"] == "eager"].error.str.contains("rank 1: after timing").all()
+    # Once more on random data: whether each passing backend gave gloo's bits. Adding in reverse rank order
+    # (three ranks) gives other bits; gathering moves bits only.
+    passed = frame[frame.status == "ok"]
+    assert passed.bitwise.map(lambda v: v is True or v is False).all(), "every passing point is checked"
+    assert passed[passed.backend == "gloo"].bitwise.all()
+    assert passed[(passed.backend == "laterwrong") & (passed.op == "reduce_scatter")].bitwise.all()  # gloo itself there
+    assert frame[frame.status != "ok"].bitwise.isna().all()
+    if world == 3:
+        reversed_ = passed[passed.backend == "reversed"]
+        assert reversed_[reversed_.op == "all_gather"].bitwise.all()
+        sums = reversed_[reversed_.op != "all_gather"]
+        assert len(sums) == 2 * 2 * 3 * 2 and not sums.bitwise.any()
     thresholds = load(tmp_path / "run" / "thresholds.json")
     assert not {"offbyone", "laterwrong"} & {r.backend for t in thresholds.tables if t.op == "all_reduce" for r in t.ranges}
     assert (tmp_path / "run" / "plot.png").stat().st_size > 10_000

@@ -226,6 +226,8 @@ def calibrate(
     tuner_mode: str = typer.Option("eager", help="The runtime mode whose tables --export nccl-tuner exports (eager or graph)."),
     tuner_dtype: Optional[str] = typer.Option(None, help="The dtype whose tables --export nccl-tuner exports (default: bfloat16, else float16, float32)."),
     install: bool = typer.Option(False, help="Also write to where deployments look ($ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
+    invariant: bool = typer.Option(False, help="Route only to backends that gave the baseline's bits on the sweep's random data: "
+                                   "results independent of the backend choice (what vLLM's batch-invariant mode needs)."),
 ) -> None:
     """Turn runs into one thresholds file (which backend wins at which size, per mode and world size).
 
@@ -238,6 +240,8 @@ def calibrate(
       arxtune calibrate results/TP2 results/TP4 results/TP8 --out thresholds.json --install
 
       arxtune calibrate results/OLD results/NEW --prefer NEW --out thresholds.json
+
+      arxtune calibrate results/TP4 --invariant --install   # for VLLM_BATCH_INVARIANT=1
     """
     from arxtune.harness.calibrate import DEFAULT_VIEWS, calibrate as calibrate_runs, describe_views
     from arxtune.runtime.dispatch import default_thresholds_path
@@ -266,7 +270,7 @@ def calibrate(
         if export == "nccl-tuner":
             tuner_target = check_output(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out", inputs, is_tuner_file)
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
-        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)
+        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer, invariant=invariant)
         text = thresholds.to_text()
         tuner = tuner_csv(thresholds, tuner_mode, tuner_dtype) if tuner_target is not None else None
         with Staged() as staged:  # published together once every file is written; a failure changes none

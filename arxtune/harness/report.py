@@ -49,12 +49,13 @@ def thresholds_table(thresholds: Thresholds) -> RichTable:
     setup = "; ".join(f"{name} {s.options}" for name, s in thresholds.backend_setup.items() if s.options)
     table = RichTable(title=f"thresholds from runs {runs}, baseline {thresholds.baseline}, margin {thresholds.margin:.0%}"
                             + (f", backends opened with {setup}" if setup else ""), title_justify="left")
-    for column in ("mode", "op", "dtype", "world", "from (incl.)", "to (excl.)", "backend", "source", "run (view)"):
+    bits = f"bits = {thresholds.baseline}"
+    for column in ("mode", "op", "dtype", "world", "from (incl.)", "to (excl.)", "backend", "source", bits, "run (view)"):
         table.add_column(column)
     for t in thresholds.tables:
         for r in t.ranges:
             table.add_row(t.mode, t.op, t.dtype, str(t.world_size), format_bytes(r.lo), "inf" if r.hi is None else format_bytes(r.hi),
-                          r.backend, r.source, f"{t.run_id} ({t.view})")
+                          r.backend, r.source, BITWISE_WORDS.get(r.bitwise, ""), f"{t.run_id} ({t.view})")
     return table
 
 

@@ -465,7 +465,7 @@ def e2e(
     """
     from arxtune.runtime.backends import split_names
     from arxtune.runtime.dispatch import default_thresholds_path
-    from arxtune.harness.e2e import E2EConfig, load_result, report_lines, run_e2e
+    from arxtune.harness.e2e import E2EConfig, failures, load_result, report_lines, run_e2e
 
     try:
         chosen = None if no_thresholds else str(thresholds or default_thresholds_path())
@@ -476,9 +476,13 @@ def e2e(
                         nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
         run_dir = run_e2e(cfg, run_id=run_id, say=lambda line: typer.echo(line, err=True))
         if node_rank == 0:
-            for line in report_lines(load_result(run_dir)):
+            result = load_result(run_dir)
+            for line in report_lines(result):
                 typer.echo(line)
             typer.echo(f"result: {run_dir / 'e2e.json'}\nplot:   {run_dir / 'e2e.png'}")
+            failed = failures(result)
+            if failed:
+                _fail(ArxtuneError("; ".join(failed)), code=1)
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
 

@@ -267,6 +267,11 @@ def _model_dtype():
         return None
 
 
+def serves_itself(baseline: str, name: str) -> bool:
+    """Whether vLLM's own communicator serves a range naming `name` (the file's baseline or one of vLLM's)."""
+    return name == baseline or name.startswith("vllm_")
+
+
 def batch_invariant() -> bool:
     """Whether vLLM runs in its batch-invariant mode (results independent of how requests are batched)."""
     try:
@@ -314,7 +319,7 @@ def _open_dispatch(comm):
     thresholds = loaded.usable
 
     def native(name: str) -> bool:  # ranges vLLM's own communicator already serves
-        return name == thresholds.baseline or name.startswith("vllm_")
+        return serves_itself(thresholds.baseline, name)
 
     refused = invariance_problem(thresholds, comm.world_size, native)
     if refused:  # the same on every rank: one file (agreed above), and vLLM's mode is the engine's

@@ -202,6 +202,11 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         if baseline not in measured:
             raise ArxtuneError(f"baseline {baseline!r} was not measured in {', '.join(r.meta.run_id for r in runs)}; "
                                f"pick one of {', '.join(measured) or 'none'}")
+    # A run checked bits against its own baseline: against another one its bitwise flags say nothing.
+    other_baseline = next((r for r in runs if r.meta.baseline != baseline), None)
+    if invariant and other_baseline is not None:
+        raise ArxtuneError(f"run {other_baseline.meta.run_id} checked bits against its baseline {other_baseline.meta.baseline}, not "
+                           f"{baseline}; with --invariant keep --baseline {other_baseline.meta.baseline} (or sweep with --baseline {baseline})")
     views = {mode: (v,) if isinstance(v, str) else tuple(v) for mode, v in (views or DEFAULT_VIEWS).items()}
     for mode, candidates in views.items():
         if mode not in MODES:
@@ -227,6 +232,8 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
                 r_setup = setup.get(name, (r, s))[0]
             setup[name] = (r_setup, s)
         frame = r.frame()
+        if r.meta.baseline != baseline:
+            frame = frame.assign(bitwise=None)
         ok = frame[frame.status == "ok"]
         if invariant:
             ok = ok[(ok.backend == baseline) | ok.bitwise.map(lambda v: _flag(v) is True)]

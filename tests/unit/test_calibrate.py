@@ -300,3 +300,31 @@ def test_runs_of_three_world_sizes_merge_into_one_file_each_world_reads(tmp_path
         assert routes.choose("all_reduce", torch.float32, fast_up_to // 2) == "fast"
         assert routes.choose("all_reduce", torch.float32, 4 * fast_up_to) == "gloo"
     assert read_thresholds(8, path)[2] == f"{path} holds tables for world sizes [2, 3, 4], not 8"
+
+
+def test_bits_checked_against_the_runs_baseline_say_nothing_against_another(tmp_path):
+    run = make_run(tmp_path, _three_way, SIZES, backends=("gloo", "fast", "quick"), bitwise=lambda b, n: True)
+    assert {r.bitwise for r in calibrate(run, baseline="quick").table("all_reduce", "float32", 2).ranges if r.backend != "quick"} == {None}
+    with pytest.raises(ArxtuneError, match="checked bits against its baseline gloo, not quick; with --invariant keep --baseline gloo"):
+        calibrate(run, baseline="quick", invariant=True)
+
+
+def test_cli_calibrate_invariant_writes_a_file_of_bitwise_equal_ranges_and_refuses_an_old_run(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from arxtune.cli import app
+    from arxtune.runtime.thresholds import load
+
+    run = make_run(tmp_path, _three_way, SIZES, backends=("gloo", "fast", "quick"), bitwise=lambda b, n: b != "fast")
+    result = CliRunner().invoke(app, ["calibrate", str(run.path), "--invariant", "--out", str(tmp_path / "inv.json")])
+    assert result.exit_code == 0, result.output
+    written = load(tmp_path / "inv.json")
+    assert written.provenance["invariant"] and written.backends == {"quick"} and written.not_bitwise(2, lambda n: False) == []
+    meta = json.loads((run.path / "meta.json").read_text())
+    (run.path / "meta.json").write_text(json.dumps(meta | {"version": 3}))
+    points = run.path / "points.csv"
+    points.write_text("".join(line.rsplit(",", 1)[0] + "\n" for line in points.read_text().splitlines()))
+    result = CliRunner().invoke(app, ["calibrate", str(run.path), "--invariant", "--out", str(tmp_path / "old.json")])
+    assert result.exit_code == 2 and "has no bitwise check" in result.output and not (tmp_path / "old.json").exists()

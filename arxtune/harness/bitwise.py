@@ -48,7 +48,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     bits = _BITS[a.element_size()]
-    return torch.equal(a.detach().contiguous().view(bits).cpu(), b.detach().contiguous().view(bits).cpu())
+    return torch.equal(a.detach().contiguous().view(bits), b.detach().contiguous().view(bits))
 
 
 def _agree(error: str, same: bool, cpu_group) -> bool | str:

@@ -183,7 +183,7 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
     runs = [runs] if isinstance(runs, Run) else list(runs)
     if not runs:
         raise ArxtuneError("no runs to calibrate from")
-    unchecked = next((r for r in runs if r.meta.version < 4), None)
+    unchecked = next((r for r in runs if r.meta.version < 5), None)
     if invariant and unchecked is not None:
         raise ArxtuneError(f"run {unchecked.meta.run_id} (results format {unchecked.meta.version}) has no bitwise check, so --invariant "
                            "cannot tell which backends give the baseline's bits; sweep again with this arxtune")

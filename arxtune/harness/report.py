@@ -25,7 +25,7 @@ def run_table(path: str | Path) -> RichTable:
     title = (f"run {meta.run_id}: world {meta.world_size}, {', '.join(sorted(set(meta.hostnames)))}, "
              f"torch {meta.torch_version}, started {meta.started}, {'finished ' + meta.finished if meta.finished else 'unfinished'}")
     table = RichTable(title=title, title_justify="left")
-    # Whether a point's output on random data had the baseline's bits (blank: not checked, as in runs before format 4).
+    # Whether a point's output on random data had the baseline's bits (blank: not checked, as in runs before format 5).
     bits = f"bits = {meta.baseline}"
     for column in ("backend", "op", "dtype", "view", "bytes", "median us", "p10-p90 us", "p99 us", "round medians us", "busbw GB/s", "iters",
                    bits, "status"):

@@ -15,10 +15,10 @@ Format history:
   timed: eager, isolated, graph; "mode" is the runtime's word), and the
   config's `modes` key is `views`. Version 2 runs are still read, resumed and
   appended to in their own format.
-- version 4: points.csv gains `bitwise` (1 or 0: whether the backend's output
+- version 5: points.csv gains `bitwise` (1 or 0: whether the backend's output
   on random non-integer data had the baseline's bits; empty: not checked).
-  Version 2 and 3 runs are still read (bitwise unknown), resumed and appended
-  to in their own format.
+  Runs of versions 2 to 4 are still read (bitwise unknown), resumed and
+  appended to in their own format. (Version 4 changed meta.json only.)
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime.fileio import WriterLock, check_exists, ensure_dir, read_text, write_text_atomic
 from arxtune.harness.stats import bandwidths, summarize
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: Versions this arxtune reads; a run keeps its version (and header) when resumed.
-READABLE_VERSIONS = (2, 3, 4)
+READABLE_VERSIONS = (2, 3, 4, 5)
 META_FILE = "meta.json"
 POINTS_FILE = "points.csv"
 _V3_COLUMNS = ["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
 POINT_COLUMNS = _V3_COLUMNS + ["bitwise"]
 #: points.csv's header in each readable version (the columns keep their order; a newer version only adds at the end).
-HEADERS = {4: POINT_COLUMNS, 3: _V3_COLUMNS, 2: [("mode" if c == "view" else c) for c in _V3_COLUMNS]}
+HEADERS = {5: POINT_COLUMNS, 4: _V3_COLUMNS, 3: _V3_COLUMNS, 2: [("mode" if c == "view" else c) for c in _V3_COLUMNS]}
 #: The bitwise column's text: checked equal, checked different, not checked.
 _BITWISE_TEXT = {True: "1", False: "0", None: ""}
 STATUSES = ("ok", "wrong", "error", "unsupported")

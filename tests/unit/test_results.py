@@ -228,10 +228,11 @@ def test_a_version_2_run_is_read_and_resumed_in_its_own_format(tmp_path):
     assert points.read_bytes().startswith(b"backend,op,dtype,mode,")
 
 
-def test_a_version_3_run_reads_with_bitwise_unknown_and_resumes_in_its_own_format(tmp_path):
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_run_before_the_bitwise_column_reads_with_bitwise_unknown_and_resumes_in_its_own_format(tmp_path, version):
     run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048], backends=("gloo",), finished=False)
     meta_path, points = run.path / "meta.json", run.path / POINTS_FILE
-    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"version": 3}))
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"version": version}))
     without_bitwise(points)
     old = load_run(run.path)
     assert [r.bitwise for r in old.records] == [None, None] and old.frame().bitwise.isna().all()

@@ -129,7 +129,7 @@ def batch_settings(cfg: E2EConfig) -> dict:
     """How every arm's engine batches, the same in each: all prompts added before the first step (the engine core
     in the generating process, so it cannot start on some before the rest arrive), and a batch that holds them all."""
     return {"engine_core": "in-process", "max_num_seqs": cfg.prompts,
-            "max_num_batched_tokens": max(cfg.prompts * cfg.prompt_tokens, cfg.max_model_len, cfg.prompts)}
+            "max_num_batched_tokens": max(cfg.prompts * cfg.prompt_tokens, cfg.max_model_len)}
 
 
 def prompt_token_ids(cfg: E2EConfig, vocab_size: int) -> list[list[int]]:

@@ -194,8 +194,8 @@ def report_lines(result: dict) -> list[str]:
         loose = s.get("loose_ranges", [])
         if loose:
             lines.append(f"{arm}: tokens diverge from vLLM's, as expected: it routes {len(loose)} range(s) to backends not known to give "
-                         f"the baseline's bits ({loose[0]}{', ...' if len(loose) > 1 else ''}), which add the ranks' values in another "
-                         "order; greedy decoding then picks other tokens from the first near tie. Not a failure.")
+                         f"the baseline's bits ({loose[0]}{', ...' if len(loose) > 1 else ''}), whose sums may round otherwise (the ranks' "
+                         "values added in another order); greedy decoding then turns at the first near tie. Not a failure.")
         else:
             lines.append(f"{arm}: FAILED: tokens differ from vLLM's own though every range it routes away gives the baseline's bits")
         for d in s["divergence"]:

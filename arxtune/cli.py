@@ -229,6 +229,8 @@ def calibrate(
     tuner_mode: str = typer.Option("eager", help="The runtime mode whose tables --export nccl-tuner exports (eager or graph)."),
     tuner_dtype: Optional[str] = typer.Option(None, help="The dtype whose tables --export nccl-tuner exports (default: bfloat16, else float16, float32)."),
     install: bool = typer.Option(False, help="Also write to where deployments look ($ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
+    invariant: bool = typer.Option(False, help="Route only to backends that gave the baseline's bits on the sweep's random data: "
+                                   "results independent of the backend choice (what vLLM's batch-invariant mode needs)."),
 ) -> None:
     """Turn runs into one thresholds file (which backend wins at which size, per mode and world size).
 
@@ -241,6 +243,8 @@ def calibrate(
       arxtune calibrate results/TP2 results/TP4 results/TP8 --out thresholds.json --install
 
       arxtune calibrate results/OLD results/NEW --prefer NEW --out thresholds.json
+
+      arxtune calibrate results/TP4 --invariant --install   # for VLLM_BATCH_INVARIANT=1
     """
     from arxtune.harness.calibrate import DEFAULT_VIEWS, baseline_warnings, calibrate as calibrate_runs, describe_views
     from arxtune.runtime.dispatch import default_thresholds_path
@@ -269,7 +273,7 @@ def calibrate(
         if export == "nccl-tuner":
             tuner_target = check_output(tuner_out or target.with_name("nccl-tuner.csv"), "--tuner-out", inputs, is_tuner_file)
         views = {"eager": (eager_from,) if eager_from else DEFAULT_VIEWS["eager"], "graph": (graph_from,)}
-        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer)  # type: ignore[arg-type]
+        thresholds = calibrate_runs(loaded, baseline=baseline, margin=margin, views=views, prefer=prefer, invariant=invariant)  # type: ignore[arg-type]
         for warning in baseline_warnings(loaded, baseline):
             typer.echo(f"arxtune: warning: {warning}", err=True)
         text = thresholds.to_text()
@@ -468,7 +472,7 @@ def e2e(
     """
     from arxtune.runtime.backends import split_names
     from arxtune.runtime.dispatch import default_thresholds_path
-    from arxtune.harness.e2e import E2EConfig, load_result, report_lines, run_e2e
+    from arxtune.harness.e2e import E2EConfig, failures, load_result, report_lines, run_e2e
 
     try:
         chosen = None if no_thresholds else str(thresholds or default_thresholds_path())
@@ -479,9 +483,13 @@ def e2e(
                         nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
         run_dir = run_e2e(cfg, run_id=run_id, say=lambda line: typer.echo(line, err=True))
         if node_rank == 0:
-            for line in report_lines(load_result(run_dir)):
+            result = load_result(run_dir)
+            for line in report_lines(result):
                 typer.echo(line)
             typer.echo(f"result: {run_dir / 'e2e.json'}\nplot:   {run_dir / 'e2e.png'}")
+            failed = failures(result)
+            if failed:
+                _fail(ArxtuneError("; ".join(failed)), code=1)
     except (ArxtuneError, OSError) as exc:
         _fail(exc)
 

@@ -41,7 +41,7 @@ def pytest_terminal_summary(terminalreporter):
 #: The backends synthetic runs and hand-made files name, registered as a site would (ARXTUNE_EXTRA_BACKENDS),
 #: since a thresholds file may name only backends the process knows.
 TEST_BACKENDS = ("fast", "faster", "quick", "x", "y", "graphy", "counting", "capcounting", "limited", "smallonly", "offbyone", "dies",
-                 "laterwrong", "tagged", "slowabove", "hangs")
+                 "laterwrong", "tagged", "slowabove", "hangs", "reversed")
 
 
 @pytest.fixture(autouse=True, scope="session")

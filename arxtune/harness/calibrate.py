@@ -8,6 +8,12 @@ the baseline keeps the point unless another correct backend beats it with
 confidence, by more than `margin`, over a run of consecutive sizes. Sizes outside the measured grid get the choice predicted by the alpha-beta
 fits of the baseline and of the backend that won the nearest measured size,
 under the same margin rule.
+
+Each range says whether its backend gave the baseline's bits at every
+measured size it covers (a model range: at every size the backend was
+measured; the baseline's ranges always do). With `invariant`, only such
+backends compete at all, and a range not known to give the baseline's bits
+goes to the baseline: the file routes without changing a single result bit.
 """
 
 from __future__ import annotations
@@ -71,10 +77,35 @@ def cap_ranges(ranges: tuple[Range, ...], backend: str, limit: int, baseline: st
         if r.backend != backend or (r.hi is not None and r.hi <= limit + 1):
             out.append(r)
         elif r.lo > limit:
-            out.append(Range(r.lo, r.hi, baseline, r.source))
+            out.append(Range(r.lo, r.hi, baseline, r.source, True))
         else:
-            out += [Range(r.lo, limit + 1, r.backend, r.source), Range(limit + 1, r.hi, baseline, r.source)]
+            out += [Range(r.lo, limit + 1, r.backend, r.source, r.bitwise), Range(limit + 1, r.hi, baseline, r.source, True)]
     return merge_adjacent(out)
+
+
+def _flag(value) -> bool | None:
+    """A frame's bitwise cell as True, False or None (not checked; pandas may hold it as NaN)."""
+    return bool(value) if isinstance(value, (bool, np.bool_)) else None
+
+
+def bitwise_flags(group: pd.DataFrame, baseline: str):
+    """(backend, nbytes or None) -> whether the backend gave the baseline's bits at that measured size, or (None) at
+    every size it was measured (what a model range beyond the grid claims); None where any of those was not checked."""
+    flags = {(row.backend, int(row.nbytes)): _flag(row.bitwise) for row in group.itertuples()}
+
+    def bits(backend: str, nbytes: int | None = None) -> bool | None:
+        if backend == baseline:
+            return True
+        if nbytes is not None:
+            return flags.get((backend, nbytes))
+        values = [v for (b, _), v in flags.items() if b == backend]
+        return None if not values or None in values else all(values)
+    return bits
+
+
+def invariant_ranges(ranges: tuple[Range, ...], baseline: str) -> tuple[Range, ...]:
+    """Every range not known to give the baseline's bits goes to the baseline."""
+    return merge_adjacent([r if r.bitwise else Range(r.lo, r.hi, baseline, r.source, True) for r in ranges])
 
 
 def _op_tables(run: Run, ok: pd.DataFrame, mode: str, view: str, baseline: str, margin: float) -> tuple[list[Table], list[Model]]:
@@ -89,7 +120,8 @@ def _op_tables(run: Run, ok: pd.DataFrame, mode: str, view: str, baseline: str, 
             if fit:
                 group_models.append(Model(backend, op, dtype, world, *fit, mode=mode))
         models.extend(group_models)
-        points = [(float(size), w, "measured") for size, w in measured_winners(group, baseline, margin)]
+        bits = bitwise_flags(group, baseline)
+        points = [(float(size), w, "measured", bits(w, size)) for size, w in measured_winners(group, baseline, margin)]
         if not points:
             continue
         # Beyond the grid only the baseline and the backend that won the edge point confidently compete.
@@ -99,7 +131,7 @@ def _op_tables(run: Run, ok: pd.DataFrame, mode: str, view: str, baseline: str, 
         outside += [(points[-1][0] * step**k, above) for k in range(1, EXTRAPOLATE_STEPS + 1)]
         for size, usable in outside:
             if (w := _predicted_winner(usable, size, baseline, margin)):
-                points.append((size, w, "model"))
+                points.append((size, w, "model", bits(w)))
         points.sort()
         tables.append(Table(op, dtype, world, ranges_from_points(points), mode, run.meta.run_id, view))
     return tables, models
@@ -139,18 +171,23 @@ def _choose(what: str, a: Run, b: Run, preferred: Run | None) -> Run:
 
 
 def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: float = DEFAULT_MARGIN,
-              views: dict[str, str | tuple[str, ...]] | None = None, prefer: str | None = None) -> Thresholds:
+              views: dict[str, str | tuple[str, ...]] | None = None, prefer: str | None = None, invariant: bool = False) -> Thresholds:
     """Several runs (world sizes, modes) -> one thresholds file.
 
     `views` maps each runtime mode to the run's timing view(s) it is calibrated
     from, first present wins (default DEFAULT_VIEWS). The same (mode, op,
     dtype, world size) from two runs, runs from different clusters, or
     different options for one backend are an error unless `prefer` names the
-    run that wins. Every range is capped at its backend's capacity.
+    run that wins. Every range is capped at its backend's capacity. With
+    `invariant`, only the baseline and backends that gave its bits compete.
     """
     runs = [runs] if isinstance(runs, Run) else list(runs)
     if not runs:
         raise ArxtuneError("no runs to calibrate from")
+    unchecked = next((r for r in runs if r.meta.version < 5), None)
+    if invariant and unchecked is not None:
+        raise ArxtuneError(f"run {unchecked.meta.run_id} (results format {unchecked.meta.version}) has no bitwise check, so --invariant "
+                           "cannot tell which backends give the baseline's bits; sweep again with this arxtune")
     if not (math.isfinite(margin) and 0 <= margin <= MAX_MARGIN):
         raise ArxtuneError(f"--margin must be a number from 0 to {MAX_MARGIN:g} (a fraction such as 0.05), not {margin}")
     if len({r.meta.run_id for r in runs}) < len(runs):
@@ -166,6 +203,11 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         if baseline not in measured:
             raise ArxtuneError(f"baseline {baseline!r} was not measured in {', '.join(r.meta.run_id for r in runs)}; "
                                f"pick one of {', '.join(measured) or 'none'}")
+    # A run checked bits against its own baseline: against another one its bitwise flags say nothing.
+    other_baseline = next((r for r in runs if r.meta.baseline != baseline), None)
+    if invariant and other_baseline is not None:
+        raise ArxtuneError(f"run {other_baseline.meta.run_id} checked bits against its baseline {other_baseline.meta.baseline}, not "
+                           f"{baseline}; with --invariant keep --baseline {other_baseline.meta.baseline} (or sweep with --baseline {baseline})")
     views = {mode: (v,) if isinstance(v, str) else tuple(v) for mode, v in (views or DEFAULT_VIEWS).items()}
     for mode, candidates in views.items():
         if mode not in MODES:
@@ -191,7 +233,11 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
                 r_setup = setup.get(name, (r, s))[0]
             setup[name] = (r_setup, s)
         frame = r.frame()
+        if r.meta.baseline != baseline:
+            frame = frame.assign(bitwise=None)
         ok = frame[frame.status == "ok"]
+        if invariant:
+            ok = ok[(ok.backend == baseline) | ok.bitwise.map(lambda v: _flag(v) is True)]
         for mode, candidates in views.items():
             view = next((v for v in candidates if (ok["view"] == v).any()), None)
             if view is None:
@@ -212,13 +258,13 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         for name, (_, s) in setup.items():
             if t.op in s.capacity:
                 ranges = cap_ranges(ranges, name, int(s.capacity[t.op]), baseline)
-        final.append(Table(t.op, t.dtype, t.world_size, ranges, t.mode, t.run_id, t.view))
+        final.append(Table(t.op, t.dtype, t.world_size, invariant_ranges(ranges, baseline) if invariant else ranges, t.mode, t.run_id, t.view))
     kept = {t.run_id for t in final}
     # A model stays where its run's table was kept.
     models = [m for run_id, m in models if (t := chosen.get((m.mode, m.op, m.dtype, m.world_size))) and t[1].run_id == run_id]  # type: ignore[assignment, index, misc]
     provenance = {
         "runs": [r.meta.run_id for r in runs if r.meta.run_id in kept], "views": used_views, "prefer": preferred.meta.run_id if preferred else None,
-        "world_sizes": sorted({t.world_size for t in final}), "modes": sorted({t.mode for t in final}),
+        "world_sizes": sorted({t.world_size for t in final}), "modes": sorted({t.mode for t in final}), "invariant": invariant,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "calibrated_on": platform.node(),
         "arxtune_version": __version__,
     }

@@ -17,25 +17,31 @@ from arxtune.runtime.router import check_names
 from arxtune.runtime.thresholds import Thresholds, load
 
 
+BITWISE_WORDS = {True: "yes", False: "no"}
+
+
 def run_table(path: str | Path) -> RichTable:
     run = load_run(path)
     meta = run.meta
     title = (f"run {meta.run_id}: world {meta.world_size}, {', '.join(sorted(set(meta.hostnames)))}, "
              f"torch {meta.torch_version}, started {meta.started}, {'finished ' + meta.finished if meta.finished else 'unfinished'}")
     table = RichTable(title=title, title_justify="left")
-    for column in ("backend", "op", "dtype", "view", "bytes", "median us", "p10-p90 us", "p99 us", "round medians us", "busbw GB/s", "iters", "status"):
-        table.add_column(column, justify="right" if column not in ("backend", "op", "dtype", "view", "status") else "left")
+    # Whether a point's output on random data had the baseline's bits (blank: not checked, as in runs before format 5).
+    bits = f"bits = {meta.baseline}"
+    for column in ("backend", "op", "dtype", "view", "bytes", "median us", "p10-p90 us", "p99 us", "round medians us", "busbw GB/s", "iters",
+                   bits, "status"):
+        table.add_column(column, justify="right" if column not in ("backend", "op", "dtype", "view", bits, "status") else "left")
     for row in run.frame().itertuples():
         if row.status == "ok":
             flag = " unstable" if row.unstable else ""
             table.add_row(row.backend, row.op, row.dtype, row.view, format_bytes(row.nbytes), f"{row.median_us:.1f}",
                           f"{row.p10_us:.1f}-{row.p90_us:.1f}", f"{row.p99_us:.1f}", f"{row.ci_low_us:.1f}-{row.ci_high_us:.1f}",
-                          f"{row.busbw_gbps:.3f}", f"{row.iters}/{row.rounds}r", "ok" + flag)
+                          f"{row.busbw_gbps:.3f}", f"{row.iters}/{row.rounds}r", BITWISE_WORDS.get(row.bitwise, ""), "ok" + flag)
         else:
-            table.add_row(row.backend, row.op, row.dtype, row.view, format_bytes(row.nbytes), *[""] * 6, f"{row.status}: {row.error}")
+            table.add_row(row.backend, row.op, row.dtype, row.view, format_bytes(row.nbytes), *[""] * 7, f"{row.status}: {row.error}")
     for name, state in meta.backends.items():
         if not state.get("available"):
-            table.add_row(name, *[""] * 10, f"unavailable: {state.get('reason', '')}")
+            table.add_row(name, *[""] * 11, f"unavailable: {state.get('reason', '')}")
     return table
 
 
@@ -44,12 +50,13 @@ def thresholds_table(thresholds: Thresholds) -> RichTable:
     setup = "; ".join(f"{name} {s.options}" for name, s in thresholds.backend_setup.items() if s.options)
     table = RichTable(title=f"thresholds from runs {runs}, baseline {thresholds.baseline}, margin {thresholds.margin:.0%}"
                             + (f", backends opened with {setup}" if setup else ""), title_justify="left")
-    for column in ("mode", "op", "dtype", "world", "from (incl.)", "to (excl.)", "backend", "source", "run (view)"):
+    bits = f"bits = {thresholds.baseline}"
+    for column in ("mode", "op", "dtype", "world", "from (incl.)", "to (excl.)", "backend", "source", bits, "run (view)"):
         table.add_column(column)
     for t in thresholds.tables:
         for r in t.ranges:
             table.add_row(t.mode, t.op, t.dtype, str(t.world_size), format_bytes(r.lo), "inf" if r.hi is None else format_bytes(r.hi),
-                          r.backend, r.source, f"{t.run_id} ({t.view})")
+                          r.backend, r.source, BITWISE_WORDS.get(r.bitwise, ""), f"{t.run_id} ({t.view})")
     return table
 
 

@@ -21,7 +21,7 @@ import socket
 import sys
 import tempfile
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -33,6 +33,7 @@ from arxtune.harness import distributed
 from arxtune.runtime.backends import OPS, Backend, GroupContext
 from arxtune.runtime.backends.startup import default_baseline, open_backends
 from arxtune.runtime.ops import DTYPES, OP_SPECS, elements_per_rank, expected_output, make_input, size_grid
+from arxtune.harness import bitwise
 from arxtune.harness.config import SweepConfig, format_bytes, from_mapping
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import PointRecord, RunExists, RunMeta, RunWriter, load_run
@@ -220,7 +221,28 @@ class PointRunner:
             records[name] = PointRecord(name, group.op, group.dtype, group.view, group.size, nbytes=nbytes, world_size=ctx.world_size, status=got.status,
                                         samples_us=tuple(s for r in got.rounds for s in r), error=got.error,
                                         round_iters=tuple(len(r) for r in got.rounds))
+        self._bitwise(group, ready, records)
         return [records[name] for name in group.backends]
+
+    def _bitwise(self, group: PointGroup, ready: dict[str, Backend], records: dict[str, PointRecord]) -> None:
+        """Each passing backend once more on data that rounds: whether it gives the baseline's bits (harness/bitwise.py)."""
+        def call(name: str, inp: torch.Tensor, out: torch.Tensor) -> str:
+            backend = ready[name]
+            try:
+                bound_call(backend, group.op)(inp, out)()
+                self.engine.sync()
+                if (check := getattr(backend, "check", None)) is not None:
+                    check()
+            except Exception as exc:  # as in _guard: a failure becomes data, a silent peer ends the sweep
+                if peer_timed_out(exc):
+                    raise
+                return f"{type(exc).__name__}: {exc}"
+            return ""
+
+        passed = [name for name in group.backends if records[name].status == "ok"]
+        for name, found in bitwise.check(group.op, group.dtype, group.size, self.ctx, self.baseline, passed, call).items():
+            records[name] = (replace(records[name], bitwise=found) if isinstance(found, bool) else
+                             replace(records[name], status="error", samples_us=(), round_iters=(), error=f"bitwise check: {found}"))
 
 
 def _progress(enabled: bool, total: int):

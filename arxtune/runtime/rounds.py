@@ -109,7 +109,7 @@ class Rounds:
         self.margin = margin  # what `undecided` judges closeness by
         self.fatal = fatal  # failures raised, not recorded
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
 
@@ -133,7 +133,7 @@ class Rounds:
         try:
             begin = time.perf_counter()
             entry.call()
-            self._sync()
+            self.sync()
             took = time.perf_counter() - begin
             if entry.check is not None:
                 entry.check()
@@ -153,7 +153,7 @@ class Rounds:
             timer = entry.timer(first_s)
             for _ in range(calls):
                 entry.call()
-            self._sync()
+            self.sync()
             timer.prepare(entry.call)
             walls, per_call = [], []
             for _ in range(estimates):
@@ -161,7 +161,7 @@ class Rounds:
                 dist.barrier(group=self.ctx.cpu_group)
                 per_call.append(timer.time_once(entry.call))
                 walls.append(time.perf_counter() - start)
-            self._sync()
+            self.sync()
             if entry.check is not None:
                 entry.check()
             estimate = (statistics.median(walls), statistics.median(per_call))
@@ -180,7 +180,7 @@ class Rounds:
             for _ in range(samples):
                 dist.barrier(group=self.ctx.cpu_group)
                 local.append(timer.time_once(entry.call))
-            self._sync()
+            self.sync()
             if entry.check is not None:
                 entry.check()
         except Exception as exc:
@@ -195,7 +195,7 @@ class Rounds:
 
     def after_check(self, entry: Entry) -> tuple[str, str]:
         """The check after timing, on this rank: what the timed calls wrote, every rotated buffer."""
-        self._sync()
+        self.sync()
         wrong = next(filter(None, (mismatch(out, entry.expected) for out in entry.outs)), None)
         return ("wrong", f"after timing: wrong result: {wrong}") if wrong else ("ok", "")
 
@@ -229,7 +229,7 @@ class Rounds:
             for entry, _ in live:
                 for out in entry.outs:
                     out.zero_()  # the timed calls must write the result again: checked after the rounds
-            self._sync()
+            self.sync()
         done = 0
         while budget.another(done, plan, lambda: self._close(reference, {n: samples[n] for n in samples if n not in results})):
             for entry, timer in (live if done % 2 == 0 else live[::-1]):

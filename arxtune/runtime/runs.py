@@ -22,6 +22,10 @@ Format history:
 - version 4: meta.json gains `nccl_used`: per rank, what NCCL logged it used
   (network, HCAs, GID index, channels, transports; nccl_facts.parse_log). Points
   are as in version 3; versions 2 and 3 are still read, resumed and appended to.
+- version 5: points.csv gains `bitwise` (1 or 0: whether the backend's output
+  on random non-integer data had the baseline's bits; empty: not checked).
+  Runs of versions 2 to 4 are still read (bitwise unknown), resumed and
+  appended to in their own format.
 """
 
 from __future__ import annotations
@@ -42,14 +46,17 @@ from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime.fileio import Staged, WriterLock, check_exists, ensure_dir, read_text, write_text_atomic
 from arxtune.runtime.timing import TIMERS
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: Versions this arxtune reads; a run keeps its version (and header) when resumed.
-READABLE_VERSIONS = (2, 3, 4)
+READABLE_VERSIONS = (2, 3, 4, 5)
 META_FILE = "meta.json"
 POINTS_FILE = "points.csv"
-POINT_COLUMNS = ["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
-#: points.csv's header in each readable version (the columns keep their order).
-HEADERS = {4: POINT_COLUMNS, 3: POINT_COLUMNS, 2: [("mode" if c == "view" else c) for c in POINT_COLUMNS]}
+_V3_COLUMNS = ["backend", "op", "dtype", "view", "size", "nbytes", "world_size", "status", "iters", "round_iters", "samples_us", "error"]
+POINT_COLUMNS = _V3_COLUMNS + ["bitwise"]
+#: points.csv's header in each readable version (the columns keep their order; a newer version only adds at the end).
+HEADERS = {5: POINT_COLUMNS, 4: _V3_COLUMNS, 3: _V3_COLUMNS, 2: [("mode" if c == "view" else c) for c in _V3_COLUMNS]}
+#: The bitwise column's text: checked equal, checked different, not checked.
+_BITWISE_TEXT = {True: "1", False: "0", None: ""}
 STATUSES = ("ok", "wrong", "error", "unsupported")
 #: points.csv of the largest sweeps stays far below this.
 POINTS_FILE_LIMIT = 1 << 30
@@ -90,6 +97,7 @@ class PointRecord:
     samples_us: tuple[float, ...] = ()  # every round's samples, in order
     error: str = ""
     round_iters: tuple[int, ...] = ()  # samples per round; sums to len(samples_us)
+    bitwise: bool | None = None  # its output on random data had the baseline's bits (None: not checked; harness/bitwise.py)
 
     @property
     def key(self) -> tuple:
@@ -100,7 +108,7 @@ class PointRecord:
             raise ArxtuneError(f"point {self.key} holds a sample that is not finite; it is not written")
         return [self.backend, self.op, self.dtype, self.view, self.size, self.nbytes, self.world_size,
                 self.status, len(self.samples_us), " ".join(map(str, self.round_iters)),
-                " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split())]
+                " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split()), _BITWISE_TEXT[self.bitwise]]
 
 
 @dataclass
@@ -226,6 +234,7 @@ class RunWriter:
         self.lock = lock
         self._file = open(path / POINTS_FILE, "a", newline="")
         self._csv = csv.writer(self._file)
+        self._columns = len(HEADERS[meta.version])  # a resumed older run is appended to in its own format
 
     @classmethod
     def create(cls, out_dir: str | Path, meta: RunMeta) -> "RunWriter":
@@ -264,7 +273,7 @@ class RunWriter:
 
     def append_group(self, records: list[PointRecord]) -> None:
         """The backends timed together at one point, written and flushed at once."""
-        self._csv.writerows(record.to_row() for record in records)
+        self._csv.writerows(record.to_row()[:self._columns] for record in records)
         self._file.flush()
         os.fsync(self._file.fileno())
         self.done.update((record.key, record) for record in records)
@@ -344,17 +353,28 @@ def _row_problem(record: PointRecord, iters: int, meta: RunMeta) -> str:
         return "round sizes do not add up to the sample count"
     if not all(math.isfinite(s) and s > 0 for s in record.samples_us):
         return "samples must be positive, finite times"
+    if record.bitwise is not None and record.status != "ok":
+        return "only a point that passed has a bitwise check"
     return ""
+
+
+def _parse_bitwise(text: str) -> bool | None:
+    for value, written in _BITWISE_TEXT.items():
+        if text == written:
+            return value
+    raise ValueError(f"bitwise must be 1, 0 or empty, not {text!r}")
 
 
 def _parse_row(row: list[str], where: str, meta: RunMeta) -> PointRecord:
     """One points.csv line -> a validated PointRecord; anything off is a FormatError naming the line."""
-    if len(row) != len(POINT_COLUMNS):
-        raise FormatError(f"{where}: {len(row)} fields, expected {len(POINT_COLUMNS)}; the run is corrupt")
+    columns = len(HEADERS[meta.version])
+    if len(row) != columns:
+        raise FormatError(f"{where}: {len(row)} fields, expected {columns}; the run is corrupt")
     try:
-        backend, op, dtype, view, size, nbytes, world, status, iters, round_iters, samples, error = row
+        padded = row + [""] * (len(POINT_COLUMNS) - columns)  # an older version has no bitwise column: not checked
+        backend, op, dtype, view, size, nbytes, world, status, iters, round_iters, samples, error, bitwise = padded
         record = PointRecord(backend, op, dtype, view, int(size), int(nbytes), int(world), status, _parse_samples(samples), error,
-                             tuple(int(v) for v in round_iters.split()))
+                             tuple(int(v) for v in round_iters.split()), _parse_bitwise(bitwise))
         problem = _row_problem(record, int(iters), meta)
     except ValueError as exc:
         raise FormatError(f"{where}: {exc}; the run is corrupt") from None

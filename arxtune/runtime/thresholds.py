@@ -12,6 +12,10 @@ Format history:
   in one file, each with the fingerprint of what it was measured on; per-backend
   options and capacity (what the runtime opens the backend with). Version 1
   files are still read (their tables get the mode their provenance names).
+- version 3: each range says whether its backend gave the baseline's bits
+  there (`bitwise`: true, false, or null when not known), so a deployment
+  that needs results independent of the backend choice can tell. Version 1
+  and 2 files are still read (every range: not known).
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime import schema
 from arxtune.runtime.fileio import check_exists, read_text, write_text_atomic
 
-THRESHOLDS_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+THRESHOLDS_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 KIND = "arxtune-thresholds"
 SOURCES = ("measured", "model", "override")
 MODES = ("eager", "graph")
@@ -42,6 +46,8 @@ class Range:
     hi: int | None
     backend: str
     source: str = "measured"  # measured on the grid, predicted by the alpha-beta models, or an override
+    #: Whether the backend's results had the baseline's bits on random data here (harness/bitwise.py); None: not known.
+    bitwise: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,15 @@ class Thresholds:
         found += [(f"models.{i}.backend", m.backend) for i, m in enumerate(self.models)]
         return found + [("backend_setup", name) for name in self.backend_setup]
 
+    def not_bitwise(self, world_size: int, native) -> list[str]:
+        """The ranges at `world_size` that go to a backend other than the `native(name)` ones without being known
+        to give the baseline's bits, as 'mode op/dtype [lo, hi) -> backend'."""
+        from arxtune.runtime.units import format_bytes
+
+        return [f"{t.mode} {t.op}/{t.dtype} [{format_bytes(r.lo)}, {'inf' if r.hi is None else format_bytes(r.hi)}) -> {r.backend}"
+                for t in self.tables if t.world_size == world_size for r in t.ranges
+                if r.bitwise is not True and r.backend != self.baseline and not native(r.backend)]
+
     def table(self, op: str, dtype: str, world_size: int, mode: str = "eager") -> Table | None:
         return next((t for t in self.tables if t.key == (mode, op, dtype, world_size)), None)
 
@@ -152,24 +167,25 @@ def merge_adjacent(ranges: list[Range]) -> tuple[Range, ...]:
     """Sorted, gap-free ranges with neighbours of the same backend and source joined into one."""
     merged: list[Range] = []
     for r in ranges:
-        if merged and (merged[-1].backend, merged[-1].source) == (r.backend, r.source):
-            merged[-1] = Range(merged[-1].lo, r.hi, r.backend, r.source)
+        if merged and (merged[-1].backend, merged[-1].source, merged[-1].bitwise) == (r.backend, r.source, r.bitwise):
+            merged[-1] = Range(merged[-1].lo, r.hi, r.backend, r.source, r.bitwise)
         else:
             merged.append(r)
     return tuple(merged)
 
 
-def ranges_from_points(points: list[tuple[float, str, str]]) -> tuple[Range, ...]:
-    """Sorted (bytes, backend, source) -> contiguous ranges with geometric-midpoint boundaries
+def ranges_from_points(points: list[tuple]) -> tuple[Range, ...]:
+    """Sorted (bytes, backend, source[, bitwise]) -> contiguous ranges with geometric-midpoint boundaries
     (calibrate and the start-up ladder place boundaries alike)."""
     ranges: list[Range] = []
-    for i, (size, backend, source) in enumerate(points):
+    for i, (size, backend, source, *bits) in enumerate(points):
+        bitwise = bits[0] if bits else None
         lo = 0 if i == 0 else int(math.ceil(math.sqrt(points[i - 1][0] * size)))
-        if ranges and ranges[-1].backend == backend and ranges[-1].source == source:
+        if ranges and (ranges[-1].backend, ranges[-1].source, ranges[-1].bitwise) == (backend, source, bitwise):
             continue
         if ranges:
-            ranges[-1] = Range(ranges[-1].lo, lo, ranges[-1].backend, ranges[-1].source)
-        ranges.append(Range(lo, None, backend, source))
+            ranges[-1] = Range(ranges[-1].lo, lo, ranges[-1].backend, ranges[-1].source, ranges[-1].bitwise)
+        ranges.append(Range(lo, None, backend, source, bitwise))
     return tuple(ranges)
 
 
@@ -202,10 +218,13 @@ def _backend_name(value, where: str) -> str:
 
 
 def _range(value, where: str) -> Range:
-    r = schema.known_keys(schema.table(value, where), where, ("lo", "hi", "backend"), ("source",))
+    r = schema.known_keys(schema.table(value, where), where, ("lo", "hi", "backend"), ("source", "bitwise"))
     hi = None if r["hi"] is None else schema.size(r["hi"], f"{where}.hi")
+    bitwise = r.get("bitwise")
+    if bitwise is not None and not isinstance(bitwise, bool):
+        raise FormatError(f"{where}.bitwise must be true, false or null")
     return Range(schema.size(r["lo"], f"{where}.lo"), hi, _backend_name(r["backend"], f"{where}.backend"),
-                 schema.string(r.get("source", "measured"), f"{where}.source", SOURCES))
+                 schema.string(r.get("source", "measured"), f"{where}.source", SOURCES), bitwise)
 
 
 def _table(value, where: str) -> Table:

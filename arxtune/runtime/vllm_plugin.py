@@ -32,7 +32,11 @@ excludes its upper bound.
 
 No file, a bad file, a file that does not fit, ranks that disagree, or a
 backend that cannot start: one warning and vLLM's own behaviour for the
-affected ranges, never an exception at start-up.
+affected ranges, never an exception at start-up. So is, while vLLM runs
+batch-invariant (VLLM_BATCH_INVARIANT=1, read through vllm.envs), a file with
+a range that leaves vLLM's path for a backend not known to give the
+baseline's bits there (`arxtune calibrate --invariant` writes files without
+one).
 
 Switches (environment variables, the same on every rank):
 - ARXTUNE_THRESHOLDS: the thresholds file (default ~/.config/arxtune/thresholds.json,
@@ -263,6 +267,37 @@ def _model_dtype():
         return None
 
 
+def serves_itself(baseline: str, name: str) -> bool:
+    """Whether vLLM's own communicator serves a range naming `name` (the file's baseline or one of vLLM's)."""
+    from arxtune.runtime.backends import framework
+
+    return name == baseline or framework(name) == "vllm"
+
+
+def batch_invariant() -> bool:
+    """Whether vLLM runs in its batch-invariant mode (results independent of how requests are batched)."""
+    try:
+        import vllm.envs as vllm_envs
+
+        return bool(vllm_envs.VLLM_BATCH_INVARIANT)
+    except Exception:  # a vLLM without the mode
+        return False
+
+
+def invariance_problem(thresholds, world_size: int, native) -> str:
+    """Why the file cannot serve vLLM's batch-invariant mode ('' when it can): a range that leaves vLLM's path
+    for a backend whose results may differ from the baseline's in the last bit, so a token's result would depend
+    on the batch (the message size) that carried it."""
+    if not batch_invariant():
+        return ""
+    loose = thresholds.not_bitwise(world_size, native)
+    if not loose:
+        return ""
+    return (f"vLLM runs batch-invariant and the thresholds route {len(loose)} range(s) to backends not known to give "
+            f"{thresholds.baseline}'s bits ({loose[0]}{', ...' if len(loose) > 1 else ''}); "
+            "write the file with `arxtune calibrate RUN --invariant`")
+
+
 def read_thresholds(world_size: int, model_dtype=None):
     """(thresholds, path, why not): the file for this group, or the reason it cannot be used."""
     from arxtune.runtime import dispatch
@@ -284,6 +319,14 @@ def _open_dispatch(comm):
         _say(comm, logging.WARNING, loaded.why)
         return None
     thresholds = loaded.usable
+
+    def native(name: str) -> bool:  # ranges vLLM's own communicator already serves
+        return serves_itself(thresholds.baseline, name)
+
+    refused = invariance_problem(thresholds, comm.world_size, native)
+    if refused:  # the same on every rank: one file (agreed above), and vLLM's mode is the engine's
+        _say(comm, logging.WARNING, refused)
+        return None
     routes = dispatch.Dispatch(ctx, loaded, dispatch.Caller(own_path=VLLM_PATH, own_framework="vllm"))
     started = routes.started
     taken = started.router.takes_anything

@@ -213,3 +213,29 @@ class CapturableWrong(OffByOne):
 
     name = "capwrong"
     capturable = True
+
+
+class ReversedSum(GlooBackend):
+    """Sums like a backend whose ranks add in reverse order: gather every rank's input over gloo, then add rank
+    w-1, w-2, ..., 0 in the tensor's own dtype. Exact on integers; from three ranks on, other bits than gloo's on
+    data that rounds (with two, a + b and b + a are the same bits)."""
+
+    name = "reversed"
+
+    def _reversed_sum(self, inp):
+        import torch
+
+        world = self.group.size()
+        parts = torch.empty((world, inp.numel()), dtype=inp.dtype)
+        super().all_gather(inp.reshape(-1), parts.view(-1))
+        total = parts[world - 1].clone()
+        for rank in range(world - 2, -1, -1):
+            total += parts[rank]
+        return total
+
+    def all_reduce(self, inp, out):
+        out.copy_(self._reversed_sum(inp).view_as(out))
+
+    def reduce_scatter(self, inp, out):
+        chunks = self._reversed_sum(inp).chunk(self.group.size())
+        out.copy_(chunks[self.group.rank()].view_as(out))

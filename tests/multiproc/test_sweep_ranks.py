@@ -20,7 +20,7 @@ from arxtune.runtime.thresholds import load
 pytestmark = pytest.mark.multiproc
 TESTS = Path(__file__).parents[1]
 EXTRA = ("counting=helpers.backends:CountingGloo,offbyone=helpers.backends:OffByOne,dies=helpers.backends:DiesAtSize,"
-         "laterwrong=helpers.backends:WrongAfterCheck,smallonly=helpers.backends:SmallOnly")
+         "laterwrong=helpers.backends:WrongAfterCheck,smallonly=helpers.backends:SmallOnly,reversed=helpers.backends:ReversedSum")
 SMALL = ["--min-bytes", "1KiB", "--max-bytes", "16KiB", "--step-factor", "4", "--point-budget-s", "0.02", "--no-progress"]
 
 
@@ -57,10 +57,39 @@ def test_sweep_calibrate_plot(tmp_path, world):
     assert set(later.status) == {"wrong"}
     # Its call count carries over to the view timed next (isolated), whose first check then fails.
     assert later[later["view"] == "eager"].error.str.contains("rank 1: after timing").all()
+    # Once more on random data: whether each passing backend gave gloo's bits (test_bitwise_at_world_3 below).
+    passed = frame[frame.status == "ok"]
+    assert passed.bitwise.map(lambda v: v is True or v is False).all(), "every passing point is checked"
+    assert passed[passed.backend == "gloo"].bitwise.all()
+    assert passed[(passed.backend == "laterwrong") & (passed.op == "reduce_scatter")].bitwise.all()  # gloo itself there
+    assert frame[frame.status != "ok"].bitwise.isna().all()
     thresholds = load(tmp_path / "run" / "thresholds.json")
     assert not {"offbyone", "laterwrong"} & {r.backend for t in thresholds.tables if t.op == "all_reduce" for r in t.ranges}
     assert (tmp_path / "run" / "plot.png").stat().st_size > 10_000
     assert f"thresholds: {tmp_path / 'run' / 'thresholds.json'}" in result.stdout
+
+
+def test_bitwise_at_world_3_tells_a_backend_that_adds_in_another_order(tmp_path):
+    """Three ranks: adding in reverse rank order rounds float sums otherwise than gloo, and `show` says so per
+    point. Small on purpose: all_reduce at two dtypes and two sizes, as few samples as a run may hold."""
+    config = tmp_path / "few.toml"
+    config.write_text("[sweep]\nwarmup_iters = 1\nrounds = 1\nmax_extra_rounds = 0\nmin_iters = 3\nmax_iters = 3\n")
+    result = arxtune("sweep", "-c", config, "--nproc-per-node", 3, "--backends", "gloo,reversed", "--ops", "all_reduce",
+                     "--dtypes", "float32,bfloat16", "--views", "eager", "--min-bytes", "1KiB", "--max-bytes", "4KiB", "--step-factor", "4",
+                     "--no-progress", "--out", tmp_path, "--run-id", "run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    frame = load_run(tmp_path / "run").frame()
+    assert len(frame) == 2 * 2 * 2 and set(frame.status) == {"ok"}
+    assert set(zip(frame.backend, frame.bitwise)) == {("gloo", True), ("reversed", False)}  # at every point
+    from rich.console import Console
+
+    from arxtune.harness.report import run_table
+
+    console = Console(width=200, record=True)
+    console.print(run_table(tmp_path / "run"))
+    shown = console.export_text()
+    assert "bits = gloo" in shown
+    assert [line.split("│")[12].strip() for line in shown.splitlines() if line.startswith("│ reversed │")] == ["no"] * 4
 
 
 def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measured(tmp_path):

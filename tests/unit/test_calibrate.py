@@ -231,3 +231,100 @@ def test_different_backend_options_are_a_conflict(tmp_path):
     with pytest.raises(ArxtuneError, match="opened fast with different options"):
         calibrate([small, big])
     assert calibrate([small, big], prefer="big").backend_setup["fast"].options == {"max_bytes": 8192}
+
+
+def _three_way(b, n):
+    """'fast' beats 'quick', which beats gloo, at every size."""
+    return {"fast": 10.0, "quick": 20.0}.get(b, 40.0)
+
+
+def test_each_range_says_whether_its_backend_gave_the_baselines_bits(tmp_path):
+    # 'fast' gave gloo's bits up to 64 KiB only; 'quick' everywhere.
+    run = make_run(tmp_path, lambda b, n: (10.0 if n <= 65536 else 40.0) if b == "fast" else _three_way(b, n), SIZES,
+                   backends=("gloo", "fast", "quick"), bitwise=lambda b, n: b != "fast" or n <= 16384)
+    ranges = calibrate(run).table("all_reduce", "float32", 2).ranges
+    measured = [(r.backend, r.bitwise) for r in ranges if r.source == "measured"]
+    assert measured == [("fast", True), ("fast", False), ("quick", True)]
+    # Beyond the grid a range claims the bits only where its backend gave them at every measured size.
+    models = [(r.backend, r.bitwise) for r in ranges if r.source == "model"]
+    assert models[0] == ("fast", False) and ("quick", True) in models
+
+
+def test_invariant_tables_use_only_backends_that_gave_the_baselines_bits(tmp_path):
+    run = make_run(tmp_path, _three_way, SIZES, backends=("gloo", "fast", "quick"), bitwise=lambda b, n: b != "fast")
+    plain, invariant = calibrate(run), calibrate(run, invariant=True)
+    assert {r.backend for r in plain.table("all_reduce", "float32", 2).ranges} == {"fast"}
+    assert {(r.backend, r.bitwise) for r in invariant.table("all_reduce", "float32", 2).ranges} == {("quick", True)}
+    assert invariant.provenance["invariant"] is True and plain.provenance["invariant"] is False
+    vllm_own = lambda name: name.startswith("vllm_")  # noqa: E731
+    assert plain.not_bitwise(2, vllm_own)[1] == "eager all_reduce/float32 [725B, 1.4MiB) -> fast"  # model, measured, model
+    assert invariant.not_bitwise(2, vllm_own) == []
+
+
+def test_invariant_sends_unchecked_and_unknown_ranges_to_the_baseline(tmp_path):
+    # 'fast' was not checked at 1 KiB (unknown is not equal) and gave other bits from 512 KiB on.
+    run = make_run(tmp_path, _three_way, SIZES, bitwise=lambda b, n: None if n == 1024 else (b == "gloo" or n < 1 << 19))
+    ranges = calibrate(run, invariant=True).table("all_reduce", "float32", 2).ranges
+    assert [(r.backend, r.source, r.bitwise) for r in ranges if r.source == "measured"] == [("gloo", "measured", True),
+                                                                                            ("fast", "measured", True),
+                                                                                            ("gloo", "measured", True)]
+    assert all(r.backend == "gloo" for r in ranges if r.hi is None or r.lo >= 1 << 19)
+
+
+def test_invariant_refuses_runs_without_the_bitwise_check(tmp_path):
+    import json
+
+    run = make_run(tmp_path, _three_way, SIZES)
+    meta = json.loads((run.path / "meta.json").read_text())
+    (run.path / "meta.json").write_text(json.dumps(meta | {"version": 3}))
+    points = run.path / "points.csv"
+    points.write_text("".join(line.rsplit(",", 1)[0] + "\n" for line in points.read_text().splitlines()))
+    from arxtune.harness.results import load_run
+
+    old = load_run(run.path)
+    assert calibrate(old).table("all_reduce", "float32", 2).ranges[0].bitwise is None  # still calibrates: not known
+    with pytest.raises(ArxtuneError, match="run fixture \\(results format 3\\) has no bitwise check.*sweep again"):
+        calibrate(old, invariant=True)
+
+
+def test_runs_of_three_world_sizes_merge_into_one_file_each_world_reads(tmp_path):
+    """TP=2, 3 and 4 runs in one file: a group of each size gets its own tables; another size gets a reason."""
+    from arxtune.runtime.dispatch import read_thresholds
+
+    runs = [make_run(tmp_path, _crossover(crossover), SIZES, world=w, run_id=f"w{w}") for w, crossover in ((2, 4096), (3, 16384), (4, 65536))]
+    path = calibrate(runs).save(tmp_path / "thresholds.json")
+    for world, fast_up_to in ((2, 4096), (3, 16384), (4, 65536)):
+        thresholds, _, why = read_thresholds(world, path, torch.float32)
+        assert not why
+        routes = FileRoutes(thresholds, world)
+        assert routes.choose("all_reduce", torch.float32, fast_up_to // 2) == "fast"
+        assert routes.choose("all_reduce", torch.float32, 4 * fast_up_to) == "gloo"
+    assert read_thresholds(8, path)[2] == f"{path} holds tables for world sizes [2, 3, 4], not 8"
+
+
+def test_bits_checked_against_the_runs_baseline_say_nothing_against_another(tmp_path):
+    run = make_run(tmp_path, _three_way, SIZES, backends=("gloo", "fast", "quick"), bitwise=lambda b, n: True)
+    assert {r.bitwise for r in calibrate(run, baseline="quick").table("all_reduce", "float32", 2).ranges if r.backend != "quick"} == {None}
+    with pytest.raises(ArxtuneError, match="checked bits against its baseline gloo, not quick; with --invariant keep --baseline gloo"):
+        calibrate(run, baseline="quick", invariant=True)
+
+
+def test_cli_calibrate_invariant_writes_a_file_of_bitwise_equal_ranges_and_refuses_an_old_run(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from arxtune.cli import app
+    from arxtune.runtime.thresholds import load
+
+    run = make_run(tmp_path, _three_way, SIZES, backends=("gloo", "fast", "quick"), bitwise=lambda b, n: b != "fast")
+    result = CliRunner().invoke(app, ["calibrate", str(run.path), "--invariant", "--out", str(tmp_path / "inv.json")])
+    assert result.exit_code == 0, result.output
+    written = load(tmp_path / "inv.json")
+    assert written.provenance["invariant"] and written.backends == {"quick"} and written.not_bitwise(2, lambda n: False) == []
+    meta = json.loads((run.path / "meta.json").read_text())
+    (run.path / "meta.json").write_text(json.dumps(meta | {"version": 3}))
+    points = run.path / "points.csv"
+    points.write_text("".join(line.rsplit(",", 1)[0] + "\n" for line in points.read_text().splitlines()))
+    result = CliRunner().invoke(app, ["calibrate", str(run.path), "--invariant", "--out", str(tmp_path / "old.json")])
+    assert result.exit_code == 2 and "has no bitwise check" in result.output and not (tmp_path / "old.json").exists()

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from arxtune.cli import app
-from arxtune.harness.e2e import (E2EConfig, engine_spec, forced_thresholds, load_result, make_arms, plot_e2e, ratio,
-                         report_lines, summarize_arms, thresholds_for)
+from arxtune.harness.e2e import (E2EConfig, divergence, engine_spec, failures, forced_thresholds, load_result, make_arms, plot_e2e,
+                                ratio, report_lines, summarize_arms, thresholds_for)
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.thresholds import from_dict
 
@@ -63,13 +63,70 @@ def test_thresholds_helper_builds_valid_files():
     assert {t.op for t in forced.tables} == {"all_reduce", "all_gather", "reduce_scatter"} and forced.backends == {"arx"}
 
 
-def test_arms_set_the_environment_of_their_engines(tmp_path):
-    cfg = E2EConfig(thresholds=str(tmp_path / "t.json"), force=("gloo",))
+def test_arms_set_the_environment_of_their_engines_and_say_what_they_route_loosely(tmp_path):
+    thresholds_for(2, "bfloat16", {"all_reduce": [(0, "gloo"), (4096, "vllm_cpu")]}, bitwise=True).save(tmp_path / "t.json")
+    cfg = E2EConfig(thresholds=str(tmp_path / "t.json"), force=("gloo", "vllm_cpu"))
     arms = make_arms(cfg, tmp_path)
-    assert [a.name for a in arms] == ["vllm", "thresholds", "force:gloo"]
+    assert [a.name for a in arms] == ["vllm", "thresholds", "force:gloo", "force:vllm_cpu"]
     assert arms[0].env == {"ARXTUNE_VLLM_DISABLE": "1"}
     assert arms[1].env["ARXTUNE_THRESHOLDS"].endswith("t.json")
     assert from_dict(json.loads(open(arms[2].env["ARXTUNE_THRESHOLDS"]).read())).backends == {"gloo"}
+    # Every range the file routes away from vLLM's path gives the baseline's bits: its tokens must be vLLM's.
+    assert arms[1].loose == () and arms[3].loose == ()
+    assert arms[2].loose[0] == "eager all_reduce/bfloat16 [0B, inf) -> gloo" and len(arms[2].loose) == 3  # forced: not known
+
+
+def test_every_arm_batches_alike_and_the_result_says_how(tmp_path):
+    cfg = E2EConfig(prompts=4, prompt_tokens=16, max_model_len=256)
+    spec = engine_spec(cfg)
+    assert spec["batch"] == {"engine_core": "in-process", "max_num_seqs": 4, "max_num_batched_tokens": 256}
+    from arxtune.harness.e2e.child import engine_args
+
+    args = engine_args(spec)
+    assert args["max_num_seqs"] == 4 and args["max_num_batched_tokens"] == 256
+    assert engine_spec(E2EConfig(prompts=64, prompt_tokens=16))["batch"]["max_num_batched_tokens"] == 1024
+
+
+def test_divergence_is_per_prompt_first_differing_token_and_share_identical():
+    reference = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    rounds = [[[1, 2, 3, 4], [5, 6, 0, 0]], [[1, 2, 3, 4], [5, 0, 7, 8]]]
+    assert divergence(rounds, reference) == [{"prompt": 0, "first_difference": None, "identical_share": 1.0},
+                                             {"prompt": 1, "first_difference": 1, "identical_share": 0.625}]
+
+
+def _result(summary):
+    return {"kind": "arxtune-e2e", "version": 2, "summary": summary, "ratio_vs_vllm": {},
+            "batch": {"engine_core": "in-process", "max_num_seqs": 2, "max_num_batched_tokens": 256},
+            "config": {"tensor_parallel_size": 2, "model": "m", "dtype": "bfloat16", "prompts": 2, "decode_tokens": 3}}
+
+
+def test_diverging_tokens_are_reported_as_expected_where_a_routed_range_is_not_bitwise(tmp_path):
+    differ = ((5, 6, 7), (8, 4, 4))  # a backend that adds in another order: the second prompt's greedy path turns at token 1
+    engines = [engine("vllm", 0.002), engine("thresholds", 0.001, tokens=differ, calls={"all_reduce:reversed": 3})]
+    loose = {"thresholds": ["eager all_reduce/bfloat16 [0B, 4KiB) -> reversed"]}
+    result = _result(summarize_arms(["vllm", "thresholds"], engines, loose))
+    assert result["summary"]["thresholds"]["divergence"] == [{"prompt": 0, "first_difference": None, "identical_share": 1.0},
+                                                             {"prompt": 1, "first_difference": 1, "identical_share": 1 / 3}]
+    assert failures(result) == []
+    lines = report_lines(result)
+    assert lines[0] == "batch: 2 prompts submitted together, engine core in-process, max_num_seqs 2, max_num_batched_tokens 256, the same in every arm"
+    assert "diverged" in lines[3] and "1.000 [" in lines[3]  # the decode figures stay in the arm's row
+    assert lines[4].startswith("thresholds: tokens diverge from vLLM's, as expected: it routes 1 range(s) to backends not known to give "
+                               "the baseline's bits (eager all_reduce/bfloat16 [0B, 4KiB) -> reversed)")
+    assert "added in another order" in lines[4] and lines[4].endswith("Not a failure.")
+    assert lines[5:] == ["  prompt 0: identical, 100% of tokens identical", "  prompt 1: first differs at token 1, 33% of tokens identical"]
+    (tmp_path / "e2e.json").write_text(json.dumps(result))
+    assert load_result(tmp_path)["summary"]["thresholds"]["divergence"][1]["first_difference"] == 1
+
+
+def test_diverging_tokens_where_every_routed_range_is_bitwise_are_a_failure():
+    engines = [engine("vllm", 0.002), engine("thresholds", 0.001, tokens=((5, 6, 7), (8, 9, 4)))]
+    result = _result(summarize_arms(["vllm", "thresholds"], engines, {"thresholds": []}))
+    assert failures(result) == ["arm thresholds's tokens differ from vLLM's own though every range it routes away from vLLM's path "
+                                "gives the baseline's bits (first at token 2)"]
+    lines = report_lines(result)
+    assert "DIFFERENT" in lines[3] and lines[4].startswith("thresholds: FAILED: tokens differ")
+    assert failures(_result(summarize_arms(["vllm", "thresholds"], [engine("vllm", 0.002), engine("thresholds", 0.001)]))) == []
 
 
 def test_the_shipped_model_runs_on_dummy_weights_with_fixed_prompts():
@@ -93,15 +150,16 @@ def test_report_and_plot_from_a_result(tmp_path):
               "config": {"tensor_parallel_size": 2, "model": "m", "dtype": "bfloat16", "prompts": 2, "decode_tokens": 3},
               "provenance": {"host": "h"}}
     lines = report_lines(result)
-    assert lines[1].startswith("vllm ") and "plugin off" in lines[1]
-    assert "nothing routed" in lines[3]
-    assert "identical" in lines[2] and "tp0: all_reduce:gloo 3; tp1: all_reduce:gloo 3" in lines[2]
+    assert lines[0] == "batch: not pinned (an e2e result of version 1)"
+    assert lines[2].startswith("vllm ") and "plugin off" in lines[2]
+    assert "nothing routed" in lines[4]
+    assert "identical" in lines[3] and "tp0: all_reduce:gloo 3; tp1: all_reduce:gloo 3" in lines[3]
     assert lines[-1].startswith("thresholds vs vLLM default: decode time per token x0.500")
     assert plot_e2e(result, tmp_path / "e2e.png").stat().st_size > 0
     (tmp_path / "e2e.json").write_text(json.dumps(result))
-    assert load_result(tmp_path)["summary"]
+    assert load_result(tmp_path)["summary"]  # version 1 is still read
     (tmp_path / "e2e.json").write_text(json.dumps(result | {"version": 9}))
-    with pytest.raises(ArxtuneError, match="version 1"):
+    with pytest.raises(ArxtuneError, match="version 1 or 2"):
         load_result(tmp_path)
 
 
@@ -111,3 +169,15 @@ def test_cli_rejects_a_corrupt_thresholds_file_before_starting_engines(tmp_path)
     result = CliRunner().invoke(app, ["e2e", "--thresholds", str(bad), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2
     assert "not valid JSON" in result.output and not (tmp_path / "out").exists()
+
+
+def test_cli_prints_the_report_and_exits_1_when_tokens_that_had_to_be_identical_differ(tmp_path, monkeypatch):
+    engines = [engine("vllm", 0.002), engine("thresholds", 0.001, tokens=((5, 6, 7), (8, 9, 4)))]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "e2e.json").write_text(json.dumps(_result(summarize_arms(["vllm", "thresholds"], engines, {"thresholds": []}))))
+    monkeypatch.setattr("arxtune.harness.e2e.run_e2e", lambda cfg, run_id=None, say=print: run_dir)  # the engines' part needs vLLM
+    result = CliRunner().invoke(app, ["e2e", "--no-thresholds", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "thresholds: FAILED: tokens differ" in result.output
+    assert "arxtune: error: arm thresholds's tokens differ from vLLM's own" in result.output

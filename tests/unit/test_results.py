@@ -200,6 +200,13 @@ def test_a_version_1_run_is_refused_with_what_to_do(tmp_path):
         load_run(run.path)
 
 
+def without_bitwise(points):
+    """points.csv as versions 2 and 3 wrote it: no `bitwise` column (the last one)."""
+    lines = points.read_text().splitlines()
+    assert lines[0].endswith(",bitwise")
+    points.write_text("".join(line.rsplit(",", 1)[0] + "\n" for line in lines))
+
+
 def test_a_version_2_run_is_read_and_resumed_in_its_own_format(tmp_path):
     """Version 2 called the timing view `mode` (points.csv column, config key); it still loads and resumes."""
     run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048], backends=("gloo",), finished=False)
@@ -207,6 +214,7 @@ def test_a_version_2_run_is_read_and_resumed_in_its_own_format(tmp_path):
     meta = json.loads(meta_path.read_text())
     meta.update(version=2, config={"modes": ["eager"], "step_factor": 2.0})
     meta_path.write_text(json.dumps(meta))
+    without_bitwise(points)
     points.write_bytes(points.read_bytes().replace(b",view,", b",mode,", 1))
     old = load_run(run.path)
     assert old.meta.version == 2 and [r.view for r in old.records] == ["eager", "eager"]
@@ -218,6 +226,34 @@ def test_a_version_2_run_is_read_and_resumed_in_its_own_format(tmp_path):
     again = load_run(run.path)
     assert again.meta.version == 2 and [r.size for r in again.records] == [1024, 2048, 4096]
     assert points.read_bytes().startswith(b"backend,op,dtype,mode,")
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_run_before_the_bitwise_column_reads_with_bitwise_unknown_and_resumes_in_its_own_format(tmp_path, version):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048], backends=("gloo",), finished=False)
+    meta_path, points = run.path / "meta.json", run.path / POINTS_FILE
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"version": version}))
+    without_bitwise(points)
+    old = load_run(run.path)
+    assert [r.bitwise for r in old.records] == [None, None] and old.frame().bitwise.isna().all()
+    writer = RunWriter.resume(run.path)
+    writer.append(PointRecord("gloo", "all_reduce", "float32", "eager", 4096, 4096, 2, "ok", (1.0,), bitwise=True))
+    writer.close()
+    assert [len(line.split(",")) for line in points.read_text().splitlines()] == [len(POINT_COLUMNS) - 1] * 4
+    assert [r.bitwise for r in load_run(run.path).records] == [None, None, None]
+
+
+def test_bitwise_is_stored_and_read_back(tmp_path):
+    run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",), finished=False)
+    writer = RunWriter.resume(run.path)
+    writer.append(PointRecord("gloo", "all_reduce", "float32", "eager", 2048, 2048, 2, "ok", (1.0,), bitwise=True))
+    writer.append(PointRecord("gloo", "all_reduce", "float32", "eager", 4096, 4096, 2, "ok", (1.0,), bitwise=False))
+    writer.close()
+    assert [r.bitwise for r in load_run(run.path).records] == [None, True, False]
+    points = run.path / POINTS_FILE
+    points.write_text(points.read_text().replace(",0\n", ",maybe\n"))
+    with pytest.raises(FormatError, match="points.csv:4: bitwise must be 1, 0 or empty"):
+        load_run(run.path)
 
 
 def test_metadata_with_a_number_json_cannot_hold_is_refused_and_the_earlier_file_kept(tmp_path):

@@ -80,11 +80,37 @@ def test_version_1_is_read_as_its_one_run_and_mode(tmp_path):
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(V1))
     t = load(path)
-    assert t.version == 2 and t.table("all_reduce", "bfloat16", 2, "graph").run_id == "old"
+    assert t.version == 3 and t.table("all_reduce", "bfloat16", 2, "graph").run_id == "old"
     assert t.table("all_reduce", "bfloat16", 2, "eager") is None
     assert t.models[0].mode == "graph" and t.backend_setup == {}
     assert t.runs[0].fingerprint == Fingerprint(2, "cuda", ("a", "b"), ("GB10", "GB10"))
-    assert load(t.save(tmp_path / "v2.json")) == t  # saved again as version 2
+    assert [r.bitwise for r in t.tables[0].ranges] == [None, None]  # not known before version 3
+    assert load(t.save(tmp_path / "v3.json")) == t  # saved again as version 3
+
+
+def test_version_2_is_read_with_bitwise_not_known(tmp_path):
+    v2 = json.loads(json.dumps(_thresholds().to_dict()))
+    for table in v2["tables"]:
+        for r in table["ranges"]:
+            del r["bitwise"]
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(v2 | {"version": 2}))
+    t = load(path)
+    assert [r.bitwise for r in t.tables[0].ranges] == [None, None]
+    assert t.not_bitwise(2, lambda name: False) == ["eager all_reduce/bfloat16 [0B, 4KiB) -> arx"]  # the baseline's own range is fine
+
+
+def test_bitwise_is_saved_and_read_back_and_checked(tmp_path):
+    table = Table("all_reduce", "float32", 2, (Range(0, 1024, "arx", "measured", True), Range(1024, 4096, "x", "measured", False),
+                                               Range(4096, None, "gloo", "model", True)))
+    t = Thresholds("gloo", 0.05, {}, (table,))
+    assert load(t.save(tmp_path / "t.json")) == t
+    assert t.not_bitwise(2, lambda name: False) == ["eager all_reduce/float32 [1KiB, 4KiB) -> x"]
+    assert t.not_bitwise(2, lambda name: name == "x") == [] and t.not_bitwise(3, lambda name: False) == []
+    bad = json.loads((tmp_path / "t.json").read_text())
+    bad["tables"][0]["ranges"][0]["bitwise"] = "yes"
+    with pytest.raises(FormatError, match=r"tables\[0\].ranges\[0\].bitwise must be true, false or null"):
+        from_dict(bad)
 
 
 def test_both_modes_of_one_key_are_two_tables():

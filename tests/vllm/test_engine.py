@@ -2,22 +2,27 @@
 
 `arxtune e2e` runs two engines, vLLM as it is and with thresholds whose
 ranges send decode-sized all-reduces and the logits all-gather to the routed
-backend and everything else to vLLM's path; the same greedy tokens must come
-out; every TP worker's counts must show both all-reduce ranges taken, and
-every call the plugin logged must have gone where its size's range says
-(how many prompts share a step depends on when the engine core picks the
-requests up, so which all-gather sizes occur varies from run to run). Then a
+backend and everything else to vLLM's path. The routed backend adds the
+ranks' values in reverse order; at TP=2 that is one rounding of a + b, the
+baseline's bits, and the file says so (as `arxtune calibrate` writes it from
+a TP=2 sweep), so the greedy tokens must be identical, and e2e fails if they
+are not. Every TP worker's counts must show both all-reduce ranges taken, and
+every call the plugin logged must have gone where its size's range says;
+every step holds all four prompts (the batch is pinned), so the logits
+all-gather is always the full batch's. Then a
 wrong-world-size and a corrupt thresholds file each start an engine: one
 warning, vLLM's own path, the same tokens. The routed arm starts with the
 start-up ladder in `check`, one more engine with it in `adjust`: each
 plugin's start-up line carries the ladder's verdict, and the tokens are
-vLLM's own. The routed backend comes from
-ARXTUNE_VLLM_TEST_BACKEND (gloo; arx inside the soft-RoCE guest).
+vLLM's own. The routed backend comes from ARXTUNE_VLLM_TEST_BACKEND (arx
+inside the soft-RoCE guest); with the default (gloo) it is the tests'
+`reversed` site backend (gloo's traffic, the sum in reverse rank order).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,11 +31,14 @@ import pytest
 
 from arxtune.harness.e2e import E2EConfig, engine_spec, run_engine, thresholds_for
 
-from vllm_tier import ROOT, RUN_TIMEOUT_S, TEST_BACKEND, vllm_env
+from vllm_tier import HERE, ROOT, RUN_TIMEOUT_S, TEST_BACKEND, vllm_env
 
 KiB = 1024
 VLLM = "vllm_cpu"
-B = TEST_BACKEND
+B = "reversed" if TEST_BACKEND == "gloo" else TEST_BACKEND
+#: Where the engines find the `reversed` site backend.
+SITE = dict(ARXTUNE_EXTRA_BACKENDS="reversed=helpers.backends:ReversedSum",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
 #: Small and quick: 4 prompts of 16 tokens, 8 generated each. Decode all-reduces are 4 x 256 x 2 B = 2 KiB,
 #: prefill all-reduces 64 x 256 x 2 B = 32 KiB; the logits all-gather is 4 x 1024 x 2 B = 8 KiB.
 SHAPE = dict(prompts=4, prompt_tokens=16, decode_tokens=8, rounds=2)
@@ -46,7 +54,8 @@ ROUTED = {"all_reduce": [(0, B), (4 * KiB, VLLM)], "all_gather": [(0, VLLM), (8 
 
 
 def routed_thresholds(world: int = 2):
-    return thresholds_for(world, "bfloat16", ROUTED, run_id="tests-vllm-engine")
+    """Every range to B gives the baseline's bits, as a TP=2 sweep finds for any backend that adds correctly."""
+    return thresholds_for(world, "bfloat16", ROUTED, run_id="tests-vllm-engine", bitwise=True)
 
 
 def routed_to(op: str, nbytes: int) -> str:
@@ -64,7 +73,7 @@ def compared(tmp_path_factory):
             "--prompt-tokens", str(SHAPE["prompt_tokens"]), "--decode-tokens", str(SHAPE["decode_tokens"]),
             "--out", str(tmp), "--run-id", "run", "--timeout-s", str(ENGINE_TIMEOUT_S)]
     # the start-up ladder's default policy, said; one log line per call
-    env = vllm_env(ARXTUNE_BOOT="check", ARXTUNE_BOOT_OUT=str(tmp / "boot"), ARXTUNE_VLLM_LOG="calls")
+    env = vllm_env(ARXTUNE_BOOT="check", ARXTUNE_BOOT_OUT=str(tmp / "boot"), ARXTUNE_VLLM_LOG="calls", **SITE)
     proc = subprocess.run([sys.executable, "-m", "arxtune", "e2e", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=2 * ENGINE_TIMEOUT_S + 60)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
@@ -77,8 +86,10 @@ def compared(tmp_path_factory):
 def test_same_tokens_with_and_without_the_plugin(compared):
     summary = compared["summary"]
     assert set(summary) == {"vllm", "thresholds"}
-    assert summary["thresholds"]["tokens_identical"]
+    assert summary["thresholds"]["tokens_identical"] and summary["thresholds"]["loose_ranges"] == []  # required, and so
     assert "thresholds    " in compared["stdout"] and "identical" in compared["stdout"]
+    assert compared["batch"] == {"engine_core": "in-process", "max_num_seqs": 4, "max_num_batched_tokens": 256}
+    assert compared["stdout"].startswith("batch: 4 prompts submitted together, engine core in-process")
     assert "thresholds vs vLLM default: decode time per token x" in compared["stdout"]
     assert (compared["run_dir"] / "e2e.png").stat().st_size > 0
 
@@ -111,6 +122,10 @@ def test_every_logged_call_went_where_its_size_says(compared):
         assert len(mine) == sum(worker["calls"].values()), "one line per counted call"
         wrong = [(op, nbytes, took) for op, nbytes, took in mine if took != routed_to(op, nbytes)]
         assert not wrong, wrong[:5]
+        # Every step holds the whole batch: the logits all-gather is always 4 x 1024 x 2 B, an all-reduce a decode
+        # step's (or a prefill served from the prefix cache) or the batch's prefill.
+        assert {nbytes for op, nbytes, _ in mine if op == "all_gather"} == {8 * KiB}
+        assert 2 * KiB in {nbytes for op, nbytes, _ in mine if op == "all_reduce"} <= {2 * KiB, 32 * KiB}
 
 
 #: What a process that dies at exit leaves in the log it shares with its engine (a C++ std::terminate, a signal).
@@ -152,7 +167,7 @@ def test_bad_thresholds_at_engine_start_warn_once_and_keep_tokens(compared, tmp_
     else:
         path.write_text('{"kind": "arxtune-thresholds", "version": 1, "tables": [')
     spec = engine_spec(E2EConfig(**SHAPE))  # type: ignore[arg-type]
-    result = run_engine(spec, {"ARXTUNE_THRESHOLDS": str(path)}, tmp_path / case, ENGINE_TIMEOUT_S)
+    result = run_engine(spec, {"ARXTUNE_THRESHOLDS": str(path), **SITE}, tmp_path / case, ENGINE_TIMEOUT_S)
     log = (tmp_path / f"{case}.log").read_text()
     warnings = _plugin_warnings(log)
     assert len(warnings) == 1, warnings
@@ -181,7 +196,7 @@ def test_the_routed_engine_started_with_the_ladder_in_check_and_said_its_verdict
 def test_the_engine_starts_with_the_ladder_in_adjust_and_keeps_vllms_tokens(compared, tmp_path):
     path = routed_thresholds().save(tmp_path / "routed.json")
     spec = engine_spec(E2EConfig(**SHAPE))  # type: ignore[arg-type]
-    env = {"ARXTUNE_THRESHOLDS": str(path), "ARXTUNE_BOOT": "adjust", "ARXTUNE_BOOT_OUT": str(tmp_path / "boot")}
+    env = {"ARXTUNE_THRESHOLDS": str(path), "ARXTUNE_BOOT": "adjust", "ARXTUNE_BOOT_OUT": str(tmp_path / "boot"), **SITE}
     result = run_engine(spec, env, tmp_path / "adjust", ENGINE_TIMEOUT_S)
     log = (tmp_path / "adjust.log").read_text()
     assert len(_ladder_lines(log, "adjust")) == 1, [line for line in log.splitlines() if "arxtune" in line]

@@ -76,7 +76,11 @@ def tp_run(tmp_path_factory):
     good = routing_thresholds(B)
     # The default location, as `arxtune calibrate RUN --install` writes it (HOME is redirected below).
     good.save(home / ".config" / "arxtune" / "thresholds.json")
-    files = {"good": good.save(tmp / "good.json"),
+    # The same ranges, each known to give the baseline's bits: what `arxtune calibrate --invariant` writes.
+    invariant = Thresholds(good.baseline, good.margin, good.provenance, runs=good.runs, tables=tuple(
+        Table(t.op, t.dtype, t.world_size, tuple(Range(r.lo, r.hi, r.backend, r.source, True) for r in t.ranges), t.mode, t.run_id, t.view)
+        for t in good.tables))
+    files = {"good": good.save(tmp / "good.json"), "invariant": invariant.save(tmp / "invariant.json"),
              "world4": routing_thresholds(B, world=4).save(tmp / "world4.json"),
              "cannot_start": routing_thresholds("symm_mem").save(tmp / "cannot-start.json")}  # needs CUDA tensors
     # A backend no arxtune knows: the file is refused as it is read (so it is written here, not saved).
@@ -96,6 +100,8 @@ def tp_run(tmp_path_factory):
         "nosuch": str(files["nosuch_backend"]),
         "cannotstart": str(files["cannot_start"]),
         "onlyrank0": [str(files["good"]), missing],
+        "batchinvariant": {"path": str(files["good"]), "env": {"VLLM_BATCH_INVARIANT": "1"}},
+        "batchinvariant_invariant_file": {"path": str(files["invariant"]), "env": {"VLLM_BATCH_INVARIANT": "1"}},
         "good": str(files["good"]),
     }}
     # The routing under test, not the start-up ladder: its verdict on these hand-made files depends on
@@ -194,6 +200,19 @@ def test_a_file_naming_an_unknown_backend_falls_back_with_a_warning(tp_run):
 
 def test_ranks_that_disagree_fall_back_together(tp_run):
     assert "rank 1: no thresholds file" in fallback(tp_run, "onlyrank0")
+
+
+def test_batch_invariant_vllm_refuses_a_file_not_known_to_give_the_baselines_bits(tp_run):
+    warning = fallback(tp_run, "batchinvariant")
+    assert ("vLLM runs batch-invariant and the thresholds route 8 range(s) to backends not known to give vllm_cpu's bits "
+            f"(eager all_reduce/float32 [1KiB, 16KiB) -> {B}, ...); write the file with `arxtune calibrate RUN --invariant`") in warning
+
+
+def test_batch_invariant_vllm_routes_by_an_invariant_file(tp_run):
+    for rank in tp_run:
+        record = rank["fallbacks"]["batchinvariant_invariant_file"]
+        assert record["routes"] and record["ok"] and record["went"] == f"all_reduce:{B}", record
+    assert not [msg for level, msg in tp_run[0]["fallbacks"]["batchinvariant_invariant_file"]["log"] if level == "WARNING"]
 
 
 def test_a_good_file_routes_on_a_second_communicator(tp_run):

@@ -142,13 +142,23 @@ def main() -> int:
         result["fallbacks"] = {}
         for label, paths in spec.get("fallbacks", {}).items():
             collect.lines.clear()
-            path = paths[rank] if isinstance(paths, list) else paths
+            entry = paths if isinstance(paths, dict) else {"path": paths}  # {"path": ..., "env": {...}}: with those set
+            path = entry["path"][rank] if isinstance(entry["path"], list) else entry["path"]
             if path is None:
                 os.environ.pop("ARXTUNE_THRESHOLDS", None)
             else:
                 os.environ["ARXTUNE_THRESHOLDS"] = path
-            other = type(comm)(cpu_group=tp.cpu_group, device=tp.device, device_group=tp.device_group,
-                               unique_name=f"tp:{label}")
+            saved = {key: os.environ.get(key) for key in entry.get("env", {})}
+            os.environ.update(entry.get("env", {}))
+            try:
+                other = type(comm)(cpu_group=tp.cpu_group, device=tp.device, device_group=tp.device_group,
+                                   unique_name=f"tp:{label}")
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
             x = rank_input((16, 32), torch.float32, rank)
             before = other.arxtune_calls.copy()
             got = other.all_reduce(x.clone())

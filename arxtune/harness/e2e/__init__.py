@@ -9,10 +9,19 @@ arm's environment; arms alternate A B A B ... so drift hits them alike.
 Per arm it reports decode time per token (from vLLM's own request timestamps:
 last token minus first token over the tokens after the first), prefill time
 (first token minus scheduling), each TP worker's call counts by backend, and
-whether the greedy token ids match the first vLLM-default engine's.
+whether the greedy token ids match the first vLLM-default engine's. Every arm
+batches alike (the prompts submitted together, the batch pinned). Where the
+arm's file routes every range away from vLLM's path to backends that gave the
+baseline's bits in the sweep, the tokens must be identical; where not, a
+backend that adds in another order may change greedy tokens, and the report
+says per prompt where they diverged.
 
 Result format history:
 - version 1: e2e.json as written by `result.write_result` (config, provenance, per-arm summaries, ratios, engines).
+- version 2: `batch` (how every arm's engine batches: prompts submitted together, the engine core in-process,
+  max_num_seqs and max_num_batched_tokens pinned); per arm `loose_ranges` (ranges routed to backends not known
+  to give the baseline's bits) and `divergence` (per prompt: first differing token, share identical). Tokens
+  that differ where no range is loose are a failure. Version 1 results are still read.
 
 Modules: config (the comparison and its arms), engine (one engine process),
 child (what runs in that process), result (statistics, e2e.json), plot.
@@ -29,13 +38,13 @@ from arxtune.harness.e2e.config import (BASELINE_ARM, E2E_VERSION, KIND, THRESHO
                                         thresholds_for)
 from arxtune.harness.e2e.engine import run_engine
 from arxtune.harness.e2e.plot import plot_e2e
-from arxtune.harness.e2e.result import load_result, ratio, report_lines, summarize_arms, write_result
+from arxtune.harness.e2e.result import divergence, failures, load_result, ratio, report_lines, summarize_arms, write_result
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.fileio import Staged, check_name, check_run_folder
 from arxtune.runtime.runs import RunExists, new_run_dir
 
 __all__ = ["BASELINE_ARM", "E2E_VERSION", "KIND", "THRESHOLDS_ARM", "TINY_MODEL", "VLLM_BASELINE", "Arm", "E2EConfig",
-           "engine_spec", "forced_thresholds", "load_result", "make_arms", "plot_e2e", "prompt_token_ids", "ratio",
+           "divergence", "engine_spec", "failures", "forced_thresholds", "load_result", "make_arms", "plot_e2e", "prompt_token_ids", "ratio",
            "report_lines", "run_e2e", "run_engine", "summarize_arms", "thresholds_for", "write_result"]
 
 

@@ -62,6 +62,9 @@ def engine_args(spec: dict) -> dict:
     args = dict(model=spec["model"], tensor_parallel_size=spec["tensor_parallel_size"], dtype=spec["dtype"],
                 max_model_len=spec["max_model_len"], enforce_eager=True, skip_tokenizer_init=True, seed=0,
                 disable_log_stats=False, worker_extension_cls=EXTENSION)
+    batch = spec.get("batch")
+    if batch:  # every arm batches alike (config.batch_settings)
+        args.update(max_num_seqs=batch["max_num_seqs"], max_num_batched_tokens=batch["max_num_batched_tokens"])
     if spec.get("load_format"):
         args["load_format"] = spec["load_format"]
     if spec["nnodes"] > 1:
@@ -101,6 +104,10 @@ def serve_headless(spec: dict, poll_s: float = 2.0) -> dict:
 
 
 def generate(spec: dict) -> dict:
+    if spec.get("batch", {}).get("engine_core") == "in-process":
+        # generate() adds every prompt, then steps: the first step schedules them all. A core in its own process
+        # starts stepping as the first requests arrive, so the batches would depend on timing.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams  # type: ignore[attr-defined]
 
     started = time.monotonic()

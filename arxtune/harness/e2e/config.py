@@ -12,7 +12,9 @@ from arxtune.runtime.fileio import read_text
 from arxtune.runtime.schema import MAX_COUNT
 from arxtune.runtime.thresholds import Range, Table, Thresholds
 
-E2E_VERSION = 1
+E2E_VERSION = 2
+#: e2e.json versions load_result reads (version 1: no batch pinning, no bitwise expectation).
+READABLE_E2E_VERSIONS = (1, 2)
 KIND = "arxtune-e2e"
 TINY_MODEL = Path(__file__).resolve().parent.parent / "models" / "tiny-llama"  # package data: installed with arxtune
 BASELINE_ARM = "vllm"
@@ -79,15 +81,27 @@ class E2EConfig:
 class Arm:
     name: str
     env: dict = field(default_factory=dict)  # what this arm's engine process gets on top of the caller's environment
+    #: The ranges its file sends away from vLLM's own path to a backend not known to give the baseline's bits there:
+    #: none, and its tokens must equal vLLM's; some, and they may diverge (another summation order).
+    loose: tuple[str, ...] = ()
+
+
+def loose_ranges(thresholds: Thresholds, world: int) -> tuple[str, ...]:
+    """The ranges at `world` that leave vLLM's path for a backend not known to give the baseline's bits."""
+    from arxtune.runtime.vllm_plugin import serves_itself
+
+    return tuple(thresholds.not_bitwise(world, lambda name: serves_itself(thresholds.baseline, name)))
 
 
 def thresholds_for(world: int, dtype: str, ranges: dict[str, list[tuple[int, str]]], baseline: str = VLLM_BASELINE,
-                   run_id: str = "e2e") -> Thresholds:
-    """A thresholds file from {op: [(lower bound in bytes, backend), ...]} (each range ends where the next starts)."""
+                   run_id: str = "e2e", bitwise: bool | None = None) -> Thresholds:
+    """A thresholds file from {op: [(lower bound in bytes, backend), ...]} (each range ends where the next starts);
+    `bitwise`: what every range says of its backend giving the baseline's bits (None: not known)."""
     tables = []
     for op, starts in ranges.items():
         bounds = [lo for lo, _ in starts[1:]] + [None]
-        tables.append(Table(op, dtype, world, tuple(Range(lo, hi, backend) for (lo, backend), hi in zip(starts, bounds))))
+        tables.append(Table(op, dtype, world, tuple(Range(lo, hi, backend, "measured", bitwise)
+                                                    for (lo, backend), hi in zip(starts, bounds))))
     return Thresholds(baseline=baseline, margin=0.0, provenance={"run_id": run_id}, tables=tuple(tables))
 
 
@@ -98,13 +112,24 @@ def forced_thresholds(backend: str, world: int, dtype: str) -> Thresholds:
 
 
 def make_arms(cfg: E2EConfig, run_dir: Path) -> list[Arm]:
+    from arxtune.runtime.thresholds import load
+
+    world = cfg.tensor_parallel_size
     arms = [Arm(BASELINE_ARM, {env.VLLM_DISABLE.name: "1"})]
     if cfg.thresholds:
-        arms.append(Arm(THRESHOLDS_ARM, {env.THRESHOLDS.name: str(Path(cfg.thresholds).resolve())}))
+        arms.append(Arm(THRESHOLDS_ARM, {env.THRESHOLDS.name: str(Path(cfg.thresholds).resolve())}, loose_ranges(load(cfg.thresholds), world)))
     for backend in cfg.force:
-        path = forced_thresholds(backend, cfg.tensor_parallel_size, cfg.dtype).save(run_dir / f"forced-{backend}.json")
-        arms.append(Arm(f"force:{backend}", {env.THRESHOLDS.name: str(path.resolve())}))
+        forced = forced_thresholds(backend, world, cfg.dtype)
+        path = forced.save(run_dir / f"forced-{backend}.json")
+        arms.append(Arm(f"force:{backend}", {env.THRESHOLDS.name: str(path.resolve())}, loose_ranges(forced, world)))
     return arms
+
+
+def batch_settings(cfg: E2EConfig) -> dict:
+    """How every arm's engine batches, the same in each: all prompts added before the first step (the engine core
+    in the generating process, so it cannot start on some before the rest arrive), and a batch that holds them all."""
+    return {"engine_core": "in-process", "max_num_seqs": cfg.prompts,
+            "max_num_batched_tokens": max(cfg.prompts * cfg.prompt_tokens, cfg.max_model_len)}
 
 
 def prompt_token_ids(cfg: E2EConfig, vocab_size: int) -> list[list[int]]:
@@ -134,4 +159,5 @@ def engine_spec(cfg: E2EConfig) -> dict:
             "tensor_parallel_size": cfg.tensor_parallel_size, "dtype": cfg.dtype, "max_model_len": cfg.max_model_len,
             "nnodes": cfg.nnodes, "node_rank": cfg.node_rank, "master_addr": cfg.master_addr,
             "master_port": cfg.master_port, "decode_tokens": cfg.decode_tokens, "rounds": cfg.rounds,
-            "rpc_timeout_s": 600, "shutdown_timeout_s": 60, "prompts": prompt_token_ids(cfg, _vocab_size(cfg.model))}
+            "rpc_timeout_s": 600, "shutdown_timeout_s": 60, "prompts": prompt_token_ids(cfg, _vocab_size(cfg.model)),
+            "batch": batch_settings(cfg)}

@@ -40,6 +40,7 @@ run: venv
 MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/arxtune/mypy
 lint: venv
 	$(BIN)/ruff check arxtune tests benchmarks
+	$(BIN)/ruff format --check arxtune tests benchmarks
 	$(BIN)/mypy --cache-dir $(MYPY_CACHE)
 
 # The tiers `make test` runs, cheapest first, after lint; each prints its wall time. Tiers are directories:

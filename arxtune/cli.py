@@ -13,6 +13,7 @@ import typer.core
 
 from arxtune.runtime.errors import ArxtuneError
 
+
 class _OneLineErrors(typer.core.TyperGroup):
     """A flag typer cannot parse (`--margin abc`, an unknown option) is one line too, like every other error."""
 
@@ -35,8 +36,13 @@ class _OneLineErrors(typer.core.TyperGroup):
         return code
 
 
-app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Measure collective backends, calibrate crossovers, and dispatch per call.")
+app = typer.Typer(
+    cls=_OneLineErrors,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Measure collective backends, calibrate crossovers, and dispatch per call.",
+)
 
 
 def _fail(exc: Exception, code: int = 2) -> None:
@@ -91,8 +97,11 @@ def _check_resume(resume: Path, config: Optional[Path], run_id: Optional[str], o
         raise ArxtuneError(f"run {resume} has a config this arxtune cannot use ({exc}); start a new sweep") from None
     if config or run_id:
         raise ArxtuneError(f"--resume continues {resume} with its own config and name; drop {'--config' if config else '--run-id'}")
-    changed = [f"--{key.replace('_', '-')} (the run has {getattr(run_config, key)})" for key, value in overrides.items()
-               if value is not None and getattr(run_config.with_overrides(**{key: value}), key) != getattr(run_config, key)]
+    changed = [
+        f"--{key.replace('_', '-')} (the run has {getattr(run_config, key)})"
+        for key, value in overrides.items()
+        if value is not None and getattr(run_config.with_overrides(**{key: value}), key) != getattr(run_config, key)
+    ]
     if changed:
         raise ArxtuneError(f"--resume continues {resume} with its own config; drop {', '.join(changed)} or start a new sweep")
 
@@ -121,8 +130,10 @@ def _check_runnable(cfg) -> None:
         raise ArxtuneError(f"none of the backends asked for can run on this machine ({why}); `arxtune doctor` lists what can")
     device = torch.device(local_device_type())
     if not any(has_timer(device, view) for view in cfg.views):
-        raise ArxtuneError(f"none of the views asked for ({', '.join(cfg.views)}) can be timed with {device.type} tensors "
-                           f"(graph and decode need CUDA); use --views eager,isolated")
+        raise ArxtuneError(
+            f"none of the views asked for ({', '.join(cfg.views)}) can be timed with {device.type} tensors "
+            f"(graph and decode need CUDA); use --views eager,isolated"
+        )
 
 
 def _launch_failure(result) -> str:
@@ -134,7 +145,9 @@ def _launch_failure(result) -> str:
         said = " | ".join(result.errors)
         return f"{said}; {resume}" if resume and "--resume" not in said else said
     what = result.last_exception or "no error line"
-    return f"a rank failed (torchrun exit {result.code}): {what}; every rank's output: {result.log_path}" + (f"; {resume}" if resume else "")
+    return f"a rank failed (torchrun exit {result.code}): {what}; every rank's output: {result.log_path}" + (
+        f"; {resume}" if resume else ""
+    )
 
 
 @app.command()
@@ -144,13 +157,17 @@ def sweep(
     ops: Optional[str] = typer.Option(None, help="Comma list: all_reduce,all_gather,reduce_scatter."),
     dtypes: Optional[str] = typer.Option(None, help="Comma list: float32,bfloat16,float16,int32."),
     views: Optional[str] = typer.Option(None, help="Comma list of timing views: eager,isolated,graph,decode (graph and decode need CUDA)."),
-    decode_busy_us: Optional[float] = typer.Option(None, help="The decode view's GPU busy kernel before each call, in microseconds (default 50)."),
+    decode_busy_us: Optional[float] = typer.Option(
+        None, help="The decode view's GPU busy kernel before each call, in microseconds (default 50)."
+    ),
     modes: Optional[str] = typer.Option(None, hidden=True, help="Old name of --views."),
     min_bytes: Optional[str] = typer.Option(None, help="Smallest size, e.g. 1KiB."),
     max_bytes: Optional[str] = typer.Option(None, help="Largest size, e.g. 16MiB."),
     step_factor: Optional[float] = typer.Option(None, help="Ratio between sizes on the grid."),
     point_budget_s: Optional[float] = typer.Option(None, help="Seconds of sampling per point."),
-    max_extra_rounds: Optional[int] = typer.Option(None, help="Rounds a point may add where the baseline and a challenger are close (0: none)."),
+    max_extra_rounds: Optional[int] = typer.Option(
+        None, help="Rounds a point may add where the baseline and a challenger are close (0: none)."
+    ),
     out: Optional[str] = typer.Option(None, help="Directory for runs (default results/)."),
     resume: Optional[Path] = typer.Option(None, help="Continue an interrupted run directory."),
     nproc_per_node: Optional[int] = typer.Option(None, help="Ranks on this node (default: one per GPU, else 2)."),
@@ -184,9 +201,19 @@ def sweep(
         base = load_config(config, warn=distributed.under_torchrun() and os.environ.get("RANK") == "0") if config else SweepConfig()
         if views is not None and modes is not None:
             raise ArxtuneError("--modes is the old name of --views; give only --views")
-        overrides = dict(backends=backends, ops=ops, dtypes=dtypes, views=views if views is not None else modes, min_bytes=min_bytes,
-                         max_bytes=max_bytes, step_factor=step_factor, point_budget_s=point_budget_s,
-                         max_extra_rounds=max_extra_rounds, out=out, decode_busy_us=decode_busy_us)
+        overrides = dict(
+            backends=backends,
+            ops=ops,
+            dtypes=dtypes,
+            views=views if views is not None else modes,
+            min_bytes=min_bytes,
+            max_bytes=max_bytes,
+            step_factor=step_factor,
+            point_budget_s=point_budget_s,
+            max_extra_rounds=max_extra_rounds,
+            out=out,
+            decode_busy_us=decode_busy_us,
+        )
         cfg = base.with_overrides(**overrides)
         if run_id is not None:
             check_name(run_id, "--run-id")
@@ -217,20 +244,37 @@ def sweep(
 @app.command()
 def calibrate(
     runs: list[Path] = typer.Argument(..., help="Run directories under results/ (several world sizes and views merge into one file)."),
-    out: Optional[Path] = typer.Option(None, help="Thresholds file to write (default RUN/thresholds.json for one run; needed for several)."),
+    out: Optional[Path] = typer.Option(
+        None, help="Thresholds file to write (default RUN/thresholds.json for one run; needed for several)."
+    ),
     baseline: Optional[str] = typer.Option(None, help="Backend others must beat (default: the runs')."),
     margin: float = typer.Option(0.05, help="Fraction by which a backend must beat the baseline's median."),
-    eager_from: Optional[str] = typer.Option(None, help="Timing view the eager table comes from: decode (each call behind a GPU busy kernel; the default where the run has it), eager (back-to-back calls; the default otherwise) or isolated (one call, host cost included)."),
+    eager_from: Optional[str] = typer.Option(
+        None,
+        help="Timing view the eager table comes from: decode (each call behind a GPU busy kernel; the default where the run has it), eager (back-to-back calls; the default otherwise) or isolated (one call, host cost included).",
+    ),
     graph_from: str = typer.Option("graph", help="Timing view the graph table (used during CUDA-graph capture) comes from."),
     prefer: Optional[str] = typer.Option(None, help="The run (id or directory) that wins where runs conflict."),
-    export: Optional[str] = typer.Option(None, help="Also print as 'csv' (arxtune's ranges, one line each) or 'table', or write "
-                                          "'nccl-tuner' (the policy file of arxtune's NCCL tuner plugin, see --tuner-out)."),
-    tuner_out: Optional[Path] = typer.Option(None, help="Where --export nccl-tuner writes (default: nccl-tuner.csv beside the thresholds file)."),
+    export: Optional[str] = typer.Option(
+        None,
+        help="Also print as 'csv' (arxtune's ranges, one line each) or 'table', or write "
+        "'nccl-tuner' (the policy file of arxtune's NCCL tuner plugin, see --tuner-out).",
+    ),
+    tuner_out: Optional[Path] = typer.Option(
+        None, help="Where --export nccl-tuner writes (default: nccl-tuner.csv beside the thresholds file)."
+    ),
     tuner_mode: str = typer.Option("eager", help="The runtime mode whose tables --export nccl-tuner exports (eager or graph)."),
-    tuner_dtype: Optional[str] = typer.Option(None, help="The dtype whose tables --export nccl-tuner exports (default: bfloat16, else float16, float32)."),
-    install: bool = typer.Option(False, help="Also write to where deployments look ($ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
-    invariant: bool = typer.Option(False, help="Route only to backends that gave the baseline's bits on the sweep's random data: "
-                                   "results independent of the backend choice (what vLLM's batch-invariant mode needs)."),
+    tuner_dtype: Optional[str] = typer.Option(
+        None, help="The dtype whose tables --export nccl-tuner exports (default: bfloat16, else float16, float32)."
+    ),
+    install: bool = typer.Option(
+        False, help="Also write to where deployments look ($ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."
+    ),
+    invariant: bool = typer.Option(
+        False,
+        help="Route only to backends that gave the baseline's bits on the sweep's random data: "
+        "results independent of the backend choice (what vLLM's batch-invariant mode needs).",
+    ),
 ) -> None:
     """Turn runs into one thresholds file (which backend wins at which size, per mode and world size).
 
@@ -266,8 +310,11 @@ def calibrate(
             raise ArxtuneError("say where the NCCL tuner file goes with --tuner-out FILE")
         loaded = [load_run(run) for run in runs]
         inputs = [run.path for run in loaded]
-        target = (check_output(out if out is not None else loaded[0].path / "thresholds.json", "--out", inputs, is_thresholds_file)
-                  if out is not None or len(loaded) == 1 else None)
+        target = (
+            check_output(out if out is not None else loaded[0].path / "thresholds.json", "--out", inputs, is_thresholds_file)
+            if out is not None or len(loaded) == 1
+            else None
+        )
         installed = check_output(default_thresholds_path(), "install target", inputs, is_thresholds_file) if install else None
         tuner_target = None
         if export == "nccl-tuner":
@@ -316,12 +363,17 @@ def _say_tuner_file(export, target: Path, mode: str) -> None:
     from arxtune.runtime.nccl_tuner import CONFIG_ENV, PLUGIN_ENV
 
     chosen = ", ".join(f"{op} w{world} {d}" for (op, world), d in export.dtypes.items())
-    typer.echo(f"nccl tuner: {target} ({export.rules} rules from the {mode} tables: {chosen}"
-               + ("; no NCCL variant won a range, so NCCL keeps its own choice everywhere" if not export.rules else "") + ")")
+    typer.echo(
+        f"nccl tuner: {target} ({export.rules} rules from the {mode} tables: {chosen}"
+        + ("; no NCCL variant won a range, so NCCL keeps its own choice everywhere" if not export.rules else "")
+        + ")"
+    )
     typer.echo(f"            turn it on: {PLUGIN_ENV}=$(arxtune nccl-tuner build) {CONFIG_ENV}={target.resolve()}")
 
 
-nccl_tuner_app = typer.Typer(add_completion=False, no_args_is_help=True, help="arxtune's NCCL tuner plugin: build it, export its policy file.")
+nccl_tuner_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="arxtune's NCCL tuner plugin: build it, export its policy file."
+)
 app.add_typer(nccl_tuner_app, name="nccl-tuner")
 
 
@@ -439,10 +491,17 @@ def show(path: Path = typer.Argument(..., help="A run directory or a thresholds 
 
 @app.command()
 def e2e(
-    thresholds: Optional[Path] = typer.Option(None, help="Thresholds file for the 'thresholds' arm (default: the installed one, $ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json)."),
+    thresholds: Optional[Path] = typer.Option(
+        None,
+        help="Thresholds file for the 'thresholds' arm (default: the installed one, $ARXTUNE_THRESHOLDS or ~/.config/arxtune/thresholds.json).",
+    ),
     no_thresholds: bool = typer.Option(False, "--no-thresholds", help="No 'thresholds' arm (e.g. only --force arms)."),
-    force: Optional[str] = typer.Option(None, help="Comma list of backends, each forced alone for every call in its own arm, e.g. gloo,arx."),
-    model: Optional[str] = typer.Option(None, help="Model directory or name (default: the tiny Llama config shipped with arxtune, dummy weights)."),
+    force: Optional[str] = typer.Option(
+        None, help="Comma list of backends, each forced alone for every call in its own arm, e.g. gloo,arx."
+    ),
+    model: Optional[str] = typer.Option(
+        None, help="Model directory or name (default: the tiny Llama config shipped with arxtune, dummy weights)."
+    ),
     load_format: str = typer.Option("", help="vLLM load format (default: dummy for a directory without weights)."),
     tp: int = typer.Option(2, "--tp", help="Tensor-parallel size (across all nodes)."),
     dtype: str = typer.Option("bfloat16", help="Model dtype."),
@@ -476,11 +535,26 @@ def e2e(
 
     try:
         chosen = None if no_thresholds else str(thresholds or default_thresholds_path())
-        cfg = E2EConfig(thresholds=chosen, force=tuple(split_names(force or "")),
-                        model=model or E2EConfig.model, load_format=load_format, tensor_parallel_size=tp, dtype=dtype,
-                        max_model_len=max_model_len, prompts=prompts, prompt_tokens=prompt_tokens,
-                        decode_tokens=decode_tokens, rounds=rounds, repeats=repeats, out=out, timeout_s=timeout_s,
-                        nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
+        cfg = E2EConfig(
+            thresholds=chosen,
+            force=tuple(split_names(force or "")),
+            model=model or E2EConfig.model,
+            load_format=load_format,
+            tensor_parallel_size=tp,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            prompts=prompts,
+            prompt_tokens=prompt_tokens,
+            decode_tokens=decode_tokens,
+            rounds=rounds,
+            repeats=repeats,
+            out=out,
+            timeout_s=timeout_s,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+        )
         run_dir = run_e2e(cfg, run_id=run_id, say=lambda line: typer.echo(line, err=True))
         if node_rank == 0:
             result = load_result(run_dir)
@@ -497,7 +571,9 @@ def e2e(
 @app.command()
 def doctor(
     json_out: bool = typer.Option(False, "--json", help="The same rows as JSON (one object per row)."),
-    report: Optional[Path] = typer.Option(None, help="Also write one archive to attach to a report (rows, versions, sysfs, NCCL settings; nothing secret)."),
+    report: Optional[Path] = typer.Option(
+        None, help="Also write one archive to attach to a report (rows, versions, sysfs, NCCL settings; nothing secret)."
+    ),
     nproc_per_node: Optional[int] = typer.Option(None, help="Ranks on this node for the group doctor (one per box is the usual)."),
     nnodes: int = typer.Option(1, help="Boxes in the group; >1 runs doctor across them (needs --rdzv-endpoint)."),
     node_rank: Optional[int] = typer.Option(None, help="This node's rank (optional with c10d rendezvous)."),
@@ -578,9 +654,12 @@ def _doctor_group(timeout_s: float, report: Optional[Path], json_out: bool) -> N
     say = (lambda line: None) if json_out else typer.echo
     code, rows, reports, pings = group.run_group(timeout_s, say=say)
     if int(os.environ["RANK"]) == 0:
-        data = {"rows": [r.as_dict() for r in rows], "reports": reports,
-                "pingpong": {f"{i}-{j}": v for (i, j), v in pings.items()},
-                "table": [{"what": k, "values": v, "differs": d} for k, v, d in group.table(reports)] if reports else []}
+        data = {
+            "rows": [r.as_dict() for r in rows],
+            "reports": reports,
+            "pingpong": {f"{i}-{j}": v for (i, j), v in pings.items()},
+            "table": [{"what": k, "values": v, "differs": d} for k, v, d in group.table(reports)] if reports else [],
+        }
         if json_out:
             typer.echo(json.dumps(data, indent=2, default=str))
         if report is not None:
@@ -591,13 +670,18 @@ def _doctor_group(timeout_s: float, report: Optional[Path], json_out: bool) -> N
     os._exit(code)
 
 
-pyverbs_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                          help="pyverbs for this Python: the registry's pyverbs built with its own libibverbs (the rdma extra).")
+pyverbs_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="pyverbs for this Python: the registry's pyverbs built with its own libibverbs (the rdma extra).",
+)
 app.add_typer(pyverbs_app, name="pyverbs")
 
 
 @pyverbs_app.command("install")
-def pyverbs_install(cache: Optional[Path] = typer.Option(None, help="Where built wheels are kept (default ~/.cache/arxtune/pyverbs).")) -> None:
+def pyverbs_install(
+    cache: Optional[Path] = typer.Option(None, help="Where built wheels are kept (default ~/.cache/arxtune/pyverbs)."),
+) -> None:
     """Build the wheel once (a few minutes; needs gcc and python3-dev), then pip-install it here.
 
     Example: arxtune pyverbs install && arxtune doctor
@@ -611,7 +695,9 @@ def pyverbs_install(cache: Optional[Path] = typer.Option(None, help="Where built
 
 
 @pyverbs_app.command("build")
-def pyverbs_build(cache: Optional[Path] = typer.Option(None, help="Where built wheels are kept (default ~/.cache/arxtune/pyverbs).")) -> None:
+def pyverbs_build(
+    cache: Optional[Path] = typer.Option(None, help="Where built wheels are kept (default ~/.cache/arxtune/pyverbs)."),
+) -> None:
     """Build (or find) the wheel and print its path, for pip install --find-links."""
     from arxtune.harness import pyverbs_wheel
 

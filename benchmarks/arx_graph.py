@@ -61,6 +61,7 @@ from arxtune.runtime.ops import elements_per_rank, expected_output, make_input, 
 from arxtune.runtime.rdma.config import RdmaConfig  # noqa: E402
 from arxtune.runtime.rdma.errors import RdmaUnavailable  # noqa: E402
 from arxtune.runtime.rdma.graph.memory import choose, read_attributes  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.arxg_cpu_rank import RanksOnOneGpu  # noqa: E402
 
@@ -112,6 +113,7 @@ class InPhase:
 
     def sample(self, job) -> float:
         """job(rank index, its events) -> us on that rank; the slower rank's figure."""
+
         def run(r):
             torch.cuda.set_device(0)
             with torch.cuda.stream(self.pair.streams[r]):
@@ -146,7 +148,7 @@ def measure_pair_views(pair, views, ins, outs, a, busies) -> tuple[dict[str, lis
     found, launch = {}, {}
 
     def repeat(times, fn):
-        return [fn() for _ in range(times)][a.warmup:]
+        return [fn() for _ in range(times)][a.warmup :]
 
     try:
         if "graph" in views:
@@ -165,6 +167,7 @@ def measure_pair_views(pair, views, ins, outs, a, busies) -> tuple[dict[str, lis
                         pair.ranks[r].all_reduce(ins[r], outs[r])
                     ev[1].record()
                 return ms(ev[0], ev[1]) / k
+
             return job
 
         if "eager" in views:
@@ -174,8 +177,13 @@ def measure_pair_views(pair, views, ins, outs, a, busies) -> tuple[dict[str, lis
             found["eager-py"] = repeat(a.warmup + a.samples, lambda: phase.sample(eager_job(False)))
             launch["eager-py"] = "python"
         if "eager-ahead" in views:
-            found["eager-ahead"] = time_span(lambda: [lead.all_reduce(ins[0], outs[0]) for _ in range(k)], k, a.warmup,
-                                             a.samples, before=lambda: pair.launch_peers("all_reduce", ins, outs, k))
+            found["eager-ahead"] = time_span(
+                lambda: [lead.all_reduce(ins[0], outs[0]) for _ in range(k)],
+                k,
+                a.warmup,
+                a.samples,
+                before=lambda: pair.launch_peers("all_reduce", ins, outs, k),
+            )
             launch["eager-ahead"] = "python"
 
         def isolated(idle_s: float = 0.0) -> list[float]:
@@ -202,10 +210,11 @@ def measure_pair_views(pair, views, ins, outs, a, busies) -> tuple[dict[str, lis
                 host.append((time.perf_counter() - t) * 1e6)
 
             found["isolated-one-thread"] = time_span(one_thread, 1, a.warmup, a.samples)
-            found["isolated-one-thread-host"] = host[a.warmup:]
+            found["isolated-one-thread-host"] = host[a.warmup :]
             launch["isolated-one-thread"] = launch["isolated-one-thread-host"] = "python"
         if "decode" in views:
             for busy in busies:
+
                 def decode_job(r, ev, busy=busy):
                     busy.repeat(k, ev[2], ev[3])
                     if rot is not None:
@@ -240,8 +249,16 @@ def sizes(lo: int, hi: int) -> list[int]:
 
 def row(op: str, mode: str, memory: str, nbytes: int, xs: list[float], launch: str = "") -> dict:
     xs = sorted(xs)
-    return {"op": op, "mode": mode, "memory": memory, "bytes": nbytes, "median_us": statistics.median(xs),
-            "p10_us": xs[len(xs) // 10], "p90_us": xs[len(xs) * 9 // 10], "launch": launch}
+    return {
+        "op": op,
+        "mode": mode,
+        "memory": memory,
+        "bytes": nbytes,
+        "median_us": statistics.median(xs),
+        "p10_us": xs[len(xs) // 10],
+        "p90_us": xs[len(xs) * 9 // 10],
+        "launch": launch,
+    }
 
 
 def measure(memory: str, a, dtype: torch.dtype) -> list[dict]:
@@ -256,20 +273,28 @@ def measure(memory: str, a, dtype: torch.dtype) -> list[dict]:
         g = capture(lambda repeat: [r0.handshake() for _ in range(repeat)])  # type: ignore[func-returns-value]
         rows.append(row("handshake", "graph", memory, 0, time_span(g.replay, OPS_PER_GRAPH, a.warmup, a.samples), "graph"))
         del g
-        rows.append(row("handshake", "eager", memory, 0, time_span(
-            lambda: [r0.handshake() for _ in range(a.eager_calls)], a.eager_calls, a.warmup, a.samples), "python"))  # type: ignore[func-returns-value]
+        rows.append(
+            row(
+                "handshake",
+                "eager",
+                memory,
+                0,
+                time_span(lambda: [r0.handshake() for _ in range(a.eager_calls)], a.eager_calls, a.warmup, a.samples),  # type: ignore[func-returns-value]
+                "python",
+            )
+        )
         rows.append(row("handshake", "isolated", memory, 0, time_span(r0.handshake, 1, a.warmup, a.samples), "python"))
         x = torch.zeros(1, device="cuda")
         rows.append(row("plain kernel", "isolated", memory, 0, time_span(lambda: x.add_(1), 1, a.warmup, a.samples), "python"))
         if a.idle_ms:
+
             def idle():
                 torch.cuda.synchronize()
                 time.sleep(a.idle_ms / 1e3)
 
             view = f"isolated-after-{a.idle_ms:g}ms"
             rows.append(row("handshake", view, memory, 0, time_span(r0.handshake, 1, a.warmup, a.samples, idle), "python"))
-            rows.append(row("plain kernel", view, memory, 0, time_span(lambda: x.add_(1), 1, a.warmup, a.samples, idle),
-                            "python"))
+            rows.append(row("plain kernel", view, memory, 0, time_span(lambda: x.add_(1), 1, a.warmup, a.samples, idle), "python"))
         torch.cuda.synchronize()
         floor.check()
     finally:
@@ -280,7 +305,7 @@ def measure(memory: str, a, dtype: torch.dtype) -> list[dict]:
     pair = RanksOnOneGpu(a.world, RdmaConfig(max_bytes=largest, timeout_s=a.timeout_s), memory=memory)
     dev = torch.device("cuda", 0)
     try:
-        for nbytes in ([int(x) for x in a.sizes.split(",")] if a.sizes else sizes(a.min_bytes, a.max_bytes)):
+        for nbytes in [int(x) for x in a.sizes.split(",")] if a.sizes else sizes(a.min_bytes, a.max_bytes):
             n = elements_per_rank("all_reduce", nbytes, a.world, 2)
             ins = [make_input("all_reduce", n, r, a.world, dtype, dev) for r in range(a.world)]
             outs = [torch.full_like(i, float("nan")) for i in ins]
@@ -313,12 +338,10 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     fig, axes = plt.subplots(1, len(memories), figsize=(6.5 * len(memories), 4.5), squeeze=False, sharey=True)
     for ax, memory in zip(axes[0], memories):
         for view in views:
-            pts = [(r["bytes"], r["median_us"]) for r in rows
-                   if r["op"] == "all_reduce" and r["mode"] == view and r["memory"] == memory]
+            pts = [(r["bytes"], r["median_us"]) for r in rows if r["op"] == "all_reduce" and r["mode"] == view and r["memory"] == memory]
             if pts:
                 ax.plot([b for b, _ in pts], [t for _, t in pts], "o-", label=f"all_reduce, {view}", markersize=3)
-        floor = next((r["median_us"] for r in rows if r["op"] == "handshake" and r["mode"] == "graph"
-                      and r["memory"] == memory), None)
+        floor = next((r["median_us"] for r in rows if r["op"] == "handshake" and r["mode"] == "graph" and r["memory"] == memory), None)
         if floor is not None:
             ax.axhline(floor, color="grey", linestyle=":", label=f"handshake floor, graph ({floor:.1f} us)")
         ax.set_xscale("log", base=2)
@@ -383,8 +406,7 @@ def main() -> int:
         print("arx_graph: needs a CUDA GPU", file=sys.stderr)
         return 2
     dtype, rows, status = torch.bfloat16, [], 0
-    title = (f"arxg on {torch.cuda.get_device_name(0)}, world {a.world} over the shared-memory fabric, bf16, "
-             f"{a.samples} samples each")
+    title = f"arxg on {torch.cuda.get_device_name(0)}, world {a.world} over the shared-memory fabric, bf16, {a.samples} samples each"
     try:
         modes = modes_to_run(a.memory)
     except RdmaUnavailable as exc:
@@ -403,13 +425,16 @@ def main() -> int:
     floors = {(r["memory"], r["mode"]): r["median_us"] for r in rows if r["op"] == "handshake"}
     graph_floor = {m: floors.get((m, "graph")) for m, _ in modes}
     print(title)
-    print(f"{'op':<13} {'memory':<10} {'bytes':>9} {'view':<26} {'launch':<7} {'median us':>10} {'p10':>8} {'p90':>8} "
-          f"{'x graph floor':>13}")
+    print(
+        f"{'op':<13} {'memory':<10} {'bytes':>9} {'view':<26} {'launch':<7} {'median us':>10} {'p10':>8} {'p90':>8} {'x graph floor':>13}"
+    )
     for r in rows:
         floor = graph_floor.get(r["memory"])
         ratio = f"{r['median_us'] / floor:13.2f}" if floor else f"{'':>13}"
-        print(f"{r['op']:<13} {r['memory']:<10} {r['bytes']:>9} {r['mode']:<26} {r['launch']:<7} {r['median_us']:>10.2f} "
-              f"{r['p10_us']:>8.2f} {r['p90_us']:>8.2f} {ratio}")
+        print(
+            f"{r['op']:<13} {r['memory']:<10} {r['bytes']:>9} {r['mode']:<26} {r['launch']:<7} {r['median_us']:>10.2f} "
+            f"{r['p10_us']:>8.2f} {r['p90_us']:>8.2f} {ratio}"
+        )
     for path in (a.out, a.plot):
         if path and rows:
             print(f"wrote {path}")

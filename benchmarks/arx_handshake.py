@@ -32,6 +32,7 @@ from arx_graph import capture, time_graph  # noqa: E402
 
 from arxtune.runtime.rdma.config import RdmaConfig  # noqa: E402
 from arxtune.runtime.rdma.graph import segment as seg  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.arxg_cpu_rank import RanksOnOneGpu  # noqa: E402
 from arxtune.runtime.rdma.graph.kernels import handshake_kernel, ring  # noqa: E402

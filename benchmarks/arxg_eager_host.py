@@ -54,8 +54,10 @@ def check_figures(calls: int, rounds: int) -> dict[str, float]:
     (session,) = open_local(RdmaConfig(max_bytes=4096, timeout_s=10.0), 1)
     try:
         time.sleep(0.2)  # the proxy is serving and beating
-        return {"check, Session.check()": per_call_us(session.check, calls, rounds),
-                "check, Session.quick_check()": per_call_us(session.quick_check, calls, rounds)}
+        return {
+            "check, Session.check()": per_call_us(session.check, calls, rounds),
+            "check, Session.quick_check()": per_call_us(session.quick_check, calls, rounds),
+        }
     finally:
         session.close()
 
@@ -76,7 +78,8 @@ def gpu_figures(calls: int, rounds: int) -> dict[str, float]:
             if launch == "native":
                 packed = rank.prepare("all_reduce", inp, out)
                 figures["gpu: packed launch alone (C, cuLaunchKernel)"] = per_call_us(
-                    lambda: packed.launch(cudadrv.current_stream(0)), calls, rounds, sync)
+                    lambda: packed.launch(cudadrv.current_stream(0)), calls, rounds, sync
+                )
                 figures["gpu: GpuRank.run, native launch"] = per_call_us(lambda: rank.all_reduce(inp, out), calls, rounds, sync)
                 rotation = rank.rotation("all_reduce", [inp], [out])
                 figures["gpu: a burst from C, per call"] = per_call_us(lambda: rotation.repeat(calls), 1, rounds, sync) / calls
@@ -99,8 +102,10 @@ def main() -> int:
         figures = gpu_figures(a.calls, a.rounds)
     else:
         figures = check_figures(a.calls, a.rounds)
-    print(f"arxg eager call, host side only (torch {torch.__version__}, {os.cpu_count()} CPUs, median of {a.rounds} "
-          f"rounds of {a.calls} calls)")
+    print(
+        f"arxg eager call, host side only (torch {torch.__version__}, {os.cpu_count()} CPUs, median of {a.rounds} "
+        f"rounds of {a.calls} calls)"
+    )
     for name, us in figures.items():
         print(f"{name:<50} {us:8.2f} us/call")
     return 0

@@ -85,8 +85,18 @@ def measure(transport: str, loop: str, ops: list[tuple[str, int]], steps: int, w
                     times.append((t1 - t0) / 1e3)
             sessions[0].check()
             q = statistics.quantiles(times, n=10)
-            rows.append({"transport": transport, "loop": loop, "op": op, "bytes": nbytes, "steps": steps,
-                         "median_us": statistics.median(times), "p10_us": q[0], "p90_us": q[-1]})
+            rows.append(
+                {
+                    "transport": transport,
+                    "loop": loop,
+                    "op": op,
+                    "bytes": nbytes,
+                    "steps": steps,
+                    "median_us": statistics.median(times),
+                    "p10_us": q[0],
+                    "p90_us": q[-1],
+                }
+            )
         return rows
     finally:
         for s in sessions:
@@ -107,8 +117,10 @@ def main() -> int:
     for loop in LOOPS:
         rows += measure(args.transport, loop, ops, args.steps, args.warmup, args.pin)
     guest = os.environ.get("ARXTUNE_LAB_GUEST") == "1"
-    print(f"# arxg proxy step, {args.transport}, {platform.machine()}, {os.cpu_count()} CPUs"
-          + (" (soft-RoCE guest under QEMU TCG: emulated times, read the ratio only)" if guest else ""))
+    print(
+        f"# arxg proxy step, {args.transport}, {platform.machine()}, {os.cpu_count()} CPUs"
+        + (" (soft-RoCE guest under QEMU TCG: emulated times, read the ratio only)" if guest else "")
+    )
     print(f"{'op':<11} {'bytes':>6} {'loop':<7} {'median_us':>10} {'p10_us':>8} {'p90_us':>8}")
     for r in rows:
         print(f"{r['op']:<11} {r['bytes']:>6} {r['loop']:<7} {r['median_us']:>10.2f} {r['p10_us']:>8.2f} {r['p90_us']:>8.2f}")

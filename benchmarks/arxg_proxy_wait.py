@@ -85,8 +85,7 @@ def gpu_rows(name: str, a) -> dict[str, float]:
         ins = [make_input("all_reduce", n, r, 2, torch.bfloat16, dev) for r in range(2)]
         outs = [torch.zeros_like(i) for i in ins]
         opts = argparse.Namespace(eager_calls=20, warmup=10, samples=a.samples, idle_ms=a.idle_ms)
-        found, _ = arx_graph.measure_pair_views(pair, {"graph", "decode"}, ins, outs, opts,
-                                                [BusyKernel(us, 0) for us in a.busy_us])
+        found, _ = arx_graph.measure_pair_views(pair, {"graph", "decode"}, ins, outs, opts, [BusyKernel(us, 0) for us in a.busy_us])
         torch.cuda.synchronize()
         pair.check()
         ref = expected_output("all_reduce", n, 0, 2, torch.bfloat16)

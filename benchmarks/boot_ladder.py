@@ -55,12 +55,23 @@ os._exit(0)
 
 
 def thresholds(world: int) -> dict:
-    ranges = [{"lo": 0, "hi": 64 * KiB, "backend": "counting", "source": "measured"},
-              {"lo": 64 * KiB, "hi": None, "backend": "gloo", "source": "measured"}]
-    return {"kind": "arxtune-thresholds", "version": 2, "baseline": "gloo", "margin": 0.05, "provenance": {},
-            "tables": [{"op": op, "dtype": "float32", "world_size": world, "mode": "eager", "ranges": ranges}
-                       for op in ("all_reduce", "all_gather")],
-            "models": [], "runs": [], "backend_setup": {}}
+    ranges = [
+        {"lo": 0, "hi": 64 * KiB, "backend": "counting", "source": "measured"},
+        {"lo": 64 * KiB, "hi": None, "backend": "gloo", "source": "measured"},
+    ]
+    return {
+        "kind": "arxtune-thresholds",
+        "version": 2,
+        "baseline": "gloo",
+        "margin": 0.05,
+        "provenance": {},
+        "tables": [
+            {"op": op, "dtype": "float32", "world_size": world, "mode": "eager", "ranges": ranges} for op in ("all_reduce", "all_gather")
+        ],
+        "models": [],
+        "runs": [],
+        "backend_setup": {},
+    }
 
 
 def main() -> None:
@@ -74,18 +85,37 @@ def main() -> None:
         path.write_text(json.dumps(thresholds(2)))
         child.write_text(CHILD)
         base = {k: v for k, v in os.environ.items() if not k.startswith("ARXTUNE_")}
-        base.update(PYTHONPATH=os.pathsep.join([str(args.src.resolve()), str(ROOT / "tests")]), OMP_NUM_THREADS="1",
-                    ARXTUNE_EXTRA_BACKENDS="counting=helpers.backends:CountingGloo", ARXTUNE_BOOT_OUT=str(Path(tmp) / "boot"),
-                    ARXTUNE_BOOT_BUDGET_S=str(args.budget), ARXTUNE_THRESHOLDS=str(Path(tmp) / "none.json"))
+        base.update(
+            PYTHONPATH=os.pathsep.join([str(args.src.resolve()), str(ROOT / "tests")]),
+            OMP_NUM_THREADS="1",
+            ARXTUNE_EXTRA_BACKENDS="counting=helpers.backends:CountingGloo",
+            ARXTUNE_BOOT_OUT=str(Path(tmp) / "boot"),
+            ARXTUNE_BOOT_BUDGET_S=str(args.budget),
+            ARXTUNE_THRESHOLDS=str(Path(tmp) / "none.json"),
+        )
         times: dict[str, list[float]] = {p: [] for p in POLICIES}
         lines: dict[str, str] = {}
         imported: dict[str, bool] = {}  # whether constructing it imported vLLM
         for _ in range(args.repeats):
             for policy in POLICIES:  # interleaved, so load from elsewhere falls on every policy alike
                 env = {**base, "ARXTUNE_BOOT": policy.split("-")[0]}
-                out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                                      str(child), "-" if policy.endswith("nofile") else str(path)],
-                                     env=env, capture_output=True, text=True, timeout=300, cwd=tmp)
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--standalone",
+                        "--nproc-per-node",
+                        "2",
+                        str(child),
+                        "-" if policy.endswith("nofile") else str(path),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    cwd=tmp,
+                )
                 found = [line for line in out.stdout.splitlines() if line.startswith("BOOT ")]
                 if out.returncode or not found:
                     sys.exit(f"{policy}: the job failed\n{out.stdout}\n{out.stderr}")
@@ -93,15 +123,19 @@ def main() -> None:
                 times[policy].append(row["construct_ms"])
                 lines[policy] = row["line"]
                 imported[policy] = imported.get(policy, False) or row["vllm"]
-    print(f"Communicator construction, gloo TP=2, budget {args.budget:g} s, median of {args.repeats} fresh jobs (ms), "
-          f"vLLM {'installed' if has_vllm() else 'not installed'}:")
+    print(
+        f"Communicator construction, gloo TP=2, budget {args.budget:g} s, median of {args.repeats} fresh jobs (ms), "
+        f"vLLM {'installed' if has_vllm() else 'not installed'}:"
+    )
     limit = args.budget * 1e3 * (1 + ALLOWANCE)
     for policy in POLICIES:
         t, off = times[policy], statistics.median(times["off-nofile" if policy.endswith("nofile") else "off"])
         added = statistics.median(t) - off
         verdict = "" if policy.startswith("off") else f"; {'within' if added <= limit else 'OVER'} {limit:.0f}"
-        print(f"  {policy:14s} {statistics.median(t):8.1f}  (range {min(t):.1f}-{max(t):.1f}; added {added:+.1f}{verdict})"
-              + ("  [imported vLLM]" if imported[policy] else ""))
+        print(
+            f"  {policy:14s} {statistics.median(t):8.1f}  (range {min(t):.1f}-{max(t):.1f}; added {added:+.1f}{verdict})"
+            + ("  [imported vLLM]" if imported[policy] else "")
+        )
     for policy in POLICIES:
         if not policy.startswith("off"):
             print(f"  {policy} start-up line: ...{lines[policy].split(', ladder ', 1)[-1]}")
@@ -111,6 +145,7 @@ def has_vllm() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
 
 if __name__ == "__main__":
     main()

@@ -66,8 +66,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for key in [k for k in os.environ if k.startswith("ARXTUNE_")]:
         del os.environ[key]  # only what an arm sets
-    routed = thresholds_for(2, "bfloat16", {"all_reduce": [(0, "gloo"), (4 * KiB, "vllm_cpu")],
-                                            "all_gather": [(0, "vllm_cpu"), (8 * KiB, "gloo")]}, run_id="engine-boot-ladder")
+    routed = thresholds_for(
+        2,
+        "bfloat16",
+        {"all_reduce": [(0, "gloo"), (4 * KiB, "vllm_cpu")], "all_gather": [(0, "vllm_cpu"), (8 * KiB, "gloo")]},
+        run_id="engine-boot-ladder",
+    )
     path = routed.save(args.out / "routed.json")
     spec = engine_spec(E2EConfig(prompts=1, prompt_tokens=8, decode_tokens=2, rounds=1))
     startup: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -75,7 +79,7 @@ def main() -> None:
     setup_s: dict[str, list[float]] = {arm: [] for arm in arms}
     engine = 0
     for repeat in range(args.repeats):
-        order = arms[repeat % len(arms):] + arms[:repeat % len(arms)]
+        order = arms[repeat % len(arms) :] + arms[: repeat % len(arms)]
         for arm in order:
             out = args.out / f"engine-{engine:02d}-{arm}"
             engine += 1
@@ -84,17 +88,22 @@ def main() -> None:
             log = out.with_suffix(".log").read_text()
             ladder_s[arm] += said(LADDER_TIME, log)
             setup_s[arm] += said(SETUP_TIME, log)
-            print(f"repeat {repeat + 1}/{args.repeats} {arm:7s} start-up {result['startup_s']:6.2f} s"
-                  + (f", plugin set-up {setup_s[arm][-1]:.2f} s" if arm != "vllm" else "")
-                  + (f" (ladder {ladder_s[arm][-1]:.2f} s)" if arm not in ("vllm", "off") else ""), flush=True)
+            print(
+                f"repeat {repeat + 1}/{args.repeats} {arm:7s} start-up {result['startup_s']:6.2f} s"
+                + (f", plugin set-up {setup_s[arm][-1]:.2f} s" if arm != "vllm" else "")
+                + (f" (ladder {ladder_s[arm][-1]:.2f} s)" if arm not in ("vllm", "off") else ""),
+                flush=True,
+            )
     (args.out / "startup.json").write_text(json.dumps({"startup_s": startup, "setup_s": setup_s, "ladder_s": ladder_s}, indent=1))
     own = statistics.median(startup["vllm"]) if "vllm" in startup else None
     median = statistics.median
     print(f"\nTiny Llama TP=2 on CPU, {args.repeats} engines per arm in rotated order (s):")
     for arm in arms:
         t = startup[arm]
-        line = (f"  {arm:7s} engine start-up {median(t):6.2f} (range {min(t):.2f}-{max(t):.2f}, "
-                f"against off per repeat {median(a - b for a, b in zip(t, startup['off'])):+.2f})")
+        line = (
+            f"  {arm:7s} engine start-up {median(t):6.2f} (range {min(t):.2f}-{max(t):.2f}, "
+            f"against off per repeat {median(a - b for a, b in zip(t, startup['off'])):+.2f})"
+        )
         if setup_s[arm]:
             added = median(setup_s[arm]) - median(setup_s["off"])
             share = f" = {100 * added / own:.1f}% of vLLM's {own:.2f} s" if own and arm != "off" else ""

@@ -10,6 +10,7 @@ graphs ran about 15% faster than every later one (the count varied between
 processes), which is why arxtune's graph timer makes its process's first
 graphs (timing.SETTLE_GRAPHS) before it times one.
 """
+
 import argparse
 import statistics
 import sys

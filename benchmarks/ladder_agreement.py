@@ -56,12 +56,17 @@ os._exit(0)
 
 
 def job(child: Path, thresholds: str, grid: list, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(child),
-                          thresholds, json.dumps(grid)], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(child), thresholds, json.dumps(grid)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     found = [line for line in out.stdout.splitlines() if line.startswith("PICKS ")]
     if out.returncode or not found:
         sys.exit(f"the job failed ({thresholds})\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return json.loads(found[-1][len("PICKS "):])
+    return json.loads(found[-1][len("PICKS ") :])
 
 
 def main() -> int:
@@ -84,13 +89,21 @@ def main() -> int:
     child = out / "child.py"
     child.write_text(CHILD)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARXTUNE_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1", ARXTUNE_BOOT="adjust",
-               ARXTUNE_BOOT_OUT=str(out / "boot"), ARXTUNE_BOOT_BUDGET_S=str(args.budget),
-               ARXTUNE_THRESHOLDS=str(out / "none.json"), VLLM_DIST_IDENT=f"arxtune-ladder-agreement-{os.getpid()}")
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        ARXTUNE_BOOT="adjust",
+        ARXTUNE_BOOT_OUT=str(out / "boot"),
+        ARXTUNE_BOOT_BUDGET_S=str(args.budget),
+        ARXTUNE_THRESHOLDS=str(out / "none.json"),
+        VLLM_DIST_IDENT=f"arxtune-ladder-agreement-{os.getpid()}",
+    )
     cases = {"no file": "-", **{f"file {k + 1} ({f})": str(Path(f).resolve()) for k, f in enumerate(args.file)}}
     summary = {"sweep": str(args.sweep), "budget_s": args.budget, "cases": {}}
-    print(f"sweep {args.sweep}: {len(grid)} eager points; calibrated choices: "
-          + ", ".join(f"{b} {sum(v == b for v in reference.values())}" for b in sorted(set(reference.values()))))
+    print(
+        f"sweep {args.sweep}: {len(grid)} eager points; calibrated choices: "
+        + ", ".join(f"{b} {sum(v == b for v in reference.values())}" for b in sorted(set(reference.values())))
+    )
     for case, path in cases.items():
         if path != "-":  # the file as it is, before any ladder: what `adjust` starts from
             file = load(path)
@@ -121,13 +134,19 @@ def judged(picks: dict[str, str], rows: dict, reference: dict[str, str]) -> dict
         r, raw = regret(here, pick, want)
         regrets.append(r)
         raws.append(raw)
-    return {"agreement": agree / len(picks), "regret_p90": float(np.nanpercentile(regrets, 90)),
-            "regret_max": float(np.nanmax(regrets)), "raw_regret_p90": float(np.nanpercentile(raws, 90))}
+    return {
+        "agreement": agree / len(picks),
+        "regret_p90": float(np.nanpercentile(regrets, 90)),
+        "regret_max": float(np.nanmax(regrets)),
+        "raw_regret_p90": float(np.nanpercentile(raws, 90)),
+    }
 
 
 def _said(result: dict, points: int) -> str:
-    return (f"{result['agreement']:.1%} of {points} agree; regret p90 {result['regret_p90']:.1%}, max {result['regret_max']:.1%} "
-            f"(raw p90 {result['raw_regret_p90']:.1%})")
+    return (
+        f"{result['agreement']:.1%} of {points} agree; regret p90 {result['regret_p90']:.1%}, max {result['regret_max']:.1%} "
+        f"(raw p90 {result['raw_regret_p90']:.1%})"
+    )
 
 
 def _pick(thresholds: Thresholds, op: str, dtype: str, nbytes: int, baseline: str, world: int) -> str:

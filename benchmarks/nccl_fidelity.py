@@ -94,8 +94,27 @@ def library_version(text: str) -> int | None:
 def run_nccl_tests(binary: Path, args, graph: bool, library: tuple[str, int], check: int) -> dict[int, float]:
     """nccl-tests' out-of-place times of one invocation, run against arxtune's own libnccl (a build may find another one first)."""
     iters = args.graph_iters if graph else args.iters
-    command = [str(binary), "-b", args.min_bytes, "-e", args.max_bytes, "-f", "2", "-d", args.dtype, "-g", str(args.gpus),
-               "-c", str(check), "-w", "5", "-n", str(iters), "-N", str(args.cycles)] + (["-G", str(args.graph_launches)] if graph else [])
+    command = [
+        str(binary),
+        "-b",
+        args.min_bytes,
+        "-e",
+        args.max_bytes,
+        "-f",
+        "2",
+        "-d",
+        args.dtype,
+        "-g",
+        str(args.gpus),
+        "-c",
+        str(check),
+        "-w",
+        "5",
+        "-n",
+        str(iters),
+        "-N",
+        str(args.cycles),
+    ] + (["-G", str(args.graph_launches)] if graph else [])
     path, version = library
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [os.path.dirname(path), os.environ.get("LD_LIBRARY_PATH")])))
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
@@ -103,18 +122,46 @@ def run_nccl_tests(binary: Path, args, graph: bool, library: tuple[str, int], ch
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     theirs = library_version(result.stdout)
     if theirs != version:
-        raise SystemExit(f"nccl-tests ran NCCL {theirs}, arxtune runs {version} ({path}): "
-                         "rebuild nccl-tests against that library (NCCL_HOME) so both time the same code")
+        raise SystemExit(
+            f"nccl-tests ran NCCL {theirs}, arxtune runs {version} ({path}): "
+            "rebuild nccl-tests against that library (NCCL_HOME) so both time the same code"
+        )
     print("nccl-tests:", " ".join(command), flush=True)
     return parse_out_of_place_us(result.stdout)
 
 
 def run_arxtune(args, run_id: str) -> dict[tuple[str, int], float]:
     """{(mode, bytes): median us} of one `arxtune sweep` of the nccl backend."""
-    dtype = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float": "float32", "float32": "float32", "half": "float16", "float16": "float16"}[args.dtype]
-    command = [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl", "--ops", "all_reduce", "--dtypes", dtype,
-               "--views", "eager,isolated,graph", "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--step-factor", "2",
-               "--nproc-per-node", str(args.gpus), "--out", args.out, "--run-id", run_id, "--no-progress"]
+    dtype = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float": "float32", "float32": "float32", "half": "float16", "float16": "float16"}[
+        args.dtype
+    ]
+    command = [
+        sys.executable,
+        "-m",
+        "arxtune",
+        "sweep",
+        "--backends",
+        "nccl",
+        "--ops",
+        "all_reduce",
+        "--dtypes",
+        dtype,
+        "--views",
+        "eager,isolated,graph",
+        "--min-bytes",
+        args.min_bytes,
+        "--max-bytes",
+        args.max_bytes,
+        "--step-factor",
+        "2",
+        "--nproc-per-node",
+        str(args.gpus),
+        "--out",
+        args.out,
+        "--run-id",
+        run_id,
+        "--no-progress",
+    ]
     print("arxtune:   ", " ".join(command), flush=True)
     subprocess.run(command, check=True, timeout=900, stdout=subprocess.DEVNULL)
     from arxtune.harness.results import load_run
@@ -143,8 +190,14 @@ def paired(rounds: list[dict], mode: str, size: int) -> Paired:
     if not triples:
         return Paired(*[float("nan")] * 6)
     ours, theirs = [a for a, _, _ in triples], [(b + c) / 2 for _, b, c in triples]
-    return Paired(statistics.median(ours), statistics.median(theirs), statistics.median(a / t for a, t in zip(ours, theirs)),
-                  max(ours) / min(ours), max(theirs) / min(theirs), statistics.median(c / b for _, b, c in triples))
+    return Paired(
+        statistics.median(ours),
+        statistics.median(theirs),
+        statistics.median(a / t for a, t in zip(ours, theirs)),
+        max(ours) / min(ours),
+        max(theirs) / min(theirs),
+        statistics.median(c / b for _, b, c in triples),
+    )
 
 
 def within(ratio: float) -> bool:
@@ -159,12 +212,24 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--min-bytes", default="8K")
     parser.add_argument("--max-bytes", default="64M")
-    parser.add_argument("--iters", type=int, default=EAGER_LAUNCHES,
-                        help="nccl-tests -n eagerly: enough launches that its closing synchronisation weighs little per call.")
-    parser.add_argument("--graph-iters", type=int, default=GRAPH_OPS_PER_SAMPLE,
-                        help="nccl-tests -n with -G (calls per graph): as many as arxtune captures, so launches weigh alike.")
-    parser.add_argument("--graph-launches", type=int, default=100,
-                        help="nccl-tests -G: enough launches that its graph's first one (the upload) weighs under 1%%.")
+    parser.add_argument(
+        "--iters",
+        type=int,
+        default=EAGER_LAUNCHES,
+        help="nccl-tests -n eagerly: enough launches that its closing synchronisation weighs little per call.",
+    )
+    parser.add_argument(
+        "--graph-iters",
+        type=int,
+        default=GRAPH_OPS_PER_SAMPLE,
+        help="nccl-tests -n with -G (calls per graph): as many as arxtune captures, so launches weigh alike.",
+    )
+    parser.add_argument(
+        "--graph-launches",
+        type=int,
+        default=100,
+        help="nccl-tests -G: enough launches that its graph's first one (the upload) weighs under 1%%.",
+    )
     parser.add_argument("--cycles", type=int, default=5, help="nccl-tests -N: tables per run, each size at their median.")
     parser.add_argument("--rounds", type=int, default=3, help="Rounds of (nccl-tests, arxtune, nccl-tests).")
     args = parser.parse_args()
@@ -186,11 +251,15 @@ def main() -> int:
         ours = run_arxtune(args, f"fidelity-{r}")
         after = {mode + "_after": run_nccl_tests(binary, args, mode == "graph", library, 1) for mode in ("eager", "graph")}
         rounds.append({**before, **unchecked, **after, "arxtune": ours})
-    print(f"\nall_reduce {args.dtype}, {args.gpus} GPU(s), {args.rounds} rounds; us = median over rounds; ratio = median over "
-          "rounds of arxtune / nccl-tests out-of-place in the same round; spread = max/min over rounds; self = nccl-tests' "
-          "second run / its first; nt -c0 = nccl-tests without its data check, median over rounds")
-    print(f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt -c0':>7} {'nt graph':>9} "
-          f"{'ax graph':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt -c0':>7} {'ax isolated':>12}")
+    print(
+        f"\nall_reduce {args.dtype}, {args.gpus} GPU(s), {args.rounds} rounds; us = median over rounds; ratio = median over "
+        "rounds of arxtune / nccl-tests out-of-place in the same round; spread = max/min over rounds; self = nccl-tests' "
+        "second run / its first; nt -c0 = nccl-tests without its data check, median over rounds"
+    )
+    print(
+        f"{'bytes':>10} {'nt eager':>9} {'ax eager':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt -c0':>7} {'nt graph':>9} "
+        f"{'ax graph':>9} {'ratio':>6} {'spread ax/nt':>12} {'self':>6} {'nt -c0':>7} {'ax isolated':>12}"
+    )
     misses = []
     for size in sorted(rounds[0]["eager"]):  # type: ignore[call-overload]
         cells = []
@@ -200,8 +269,10 @@ def main() -> int:
                 noise = "" if within(p.control) else f" (nccl-tests against itself: {p.control:.3f}, outside {TOLERANCE:.0%} too)"
                 misses.append(f"{mode} {size} B: {p.ratio:.3f}{noise}")
             unchecked = _median(r.get(mode + "_c0", {}).get(size) for r in rounds)  # type: ignore[assignment, attr-defined]
-            cells.append(f"{p.theirs:>9.2f} {p.ours:>9.2f} {p.ratio:>6.3f} {p.spread_ours:>5.2f}/{p.spread_theirs:<6.2f} {p.control:>6.3f} "
-                         f"{unchecked:>7.2f}")
+            cells.append(
+                f"{p.theirs:>9.2f} {p.ours:>9.2f} {p.ratio:>6.3f} {p.spread_ours:>5.2f}/{p.spread_theirs:<6.2f} {p.control:>6.3f} "
+                f"{unchecked:>7.2f}"
+            )
         mark = " *" if size in TARGET_SIZES else ""
         print(f"{size:>10} {cells[0]} {cells[1]} {_median(r['arxtune'].get(('isolated', size)) for r in rounds):>12.2f}{mark}")  # type: ignore[attr-defined]
     print(f"* target sizes: within {TOLERANCE:.0%} -> " + ("all met" if not misses else "missed: " + "; ".join(misses)))

@@ -15,6 +15,7 @@ each, medians in us per op, at 8 KiB, 128 KiB, 1 MiB and 64 MiB:
   between events (arxtune) and as 10 replays back to back by the host clock
   (nccl-tests' -G).
 """
+
 import os
 import statistics
 import sys
@@ -115,8 +116,10 @@ def main() -> int:
                 rot = backend.bind_rotation("all_reduce", ins, outs)
                 rot.repeat(EAGER_CALLS)
                 torch.cuda.synchronize()
-                row.append(f"{name} ev {events_per_op(rot, EAGER_CALLS):6.2f} py-ev {python_events_per_op(rot, EAGER_CALLS):6.2f} "
-                           f"host {host_per_op(rot, EAGER_CALLS, stream):6.2f}")
+                row.append(
+                    f"{name} ev {events_per_op(rot, EAGER_CALLS):6.2f} py-ev {python_events_per_op(rot, EAGER_CALLS):6.2f} "
+                    f"host {host_per_op(rot, EAGER_CALLS, stream):6.2f}"
+                )
         count = max(1, min(GRAPH_CALLS, SPAN // nbytes))
         tensors = [torch.ones(n, dtype=torch.bfloat16, device=dev) for _ in range(count)]
         one, host10 = graph_per_op(backend, tensors, [torch.empty_like(x) for x in tensors])

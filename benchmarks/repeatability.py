@@ -26,9 +26,29 @@ from arxtune.harness.results import load_run
 
 
 def sweep(args, run_id: str) -> float:
-    command = [sys.executable, "-m", "arxtune", "sweep", "--backends", args.backends, "--ops", args.ops, "--dtypes", args.dtypes,
-               "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--nproc-per-node", "2", "--out", args.out,
-               "--run-id", run_id, "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "arxtune",
+        "sweep",
+        "--backends",
+        args.backends,
+        "--ops",
+        args.ops,
+        "--dtypes",
+        args.dtypes,
+        "--min-bytes",
+        args.min_bytes,
+        "--max-bytes",
+        args.max_bytes,
+        "--nproc-per-node",
+        "2",
+        "--out",
+        args.out,
+        "--run-id",
+        run_id,
+        "--no-progress",
+    ]
     if args.point_budget_s:
         command += ["--point-budget-s", str(args.point_budget_s)]
     if args.max_extra_rounds is not None:
@@ -63,8 +83,10 @@ def main() -> int:
         ranges = [sum(r.source == "measured" for r in t.ranges) for t in tables]
         rounds = sorted(len(r.round_iters) for r in run.records if r.status == "ok")
         base = min(rounds) if rounds else 0
-        print(f"{run_id}: sweep {seconds:.0f} s; thresholds: {sum(ranges)} measured ranges in {len(tables)} tables {ranges}; "
-              f"rounds per point {base}-{max(rounds, default=0)}, {sum(n > base for n in rounds)} of {len(rounds)} with extra rounds")
+        print(
+            f"{run_id}: sweep {seconds:.0f} s; thresholds: {sum(ranges)} measured ranges in {len(tables)} tables {ranges}; "
+            f"rounds per point {base}-{max(rounds, default=0)}, {sum(n > base for n in rounds)} of {len(rounds)} with extra rounds"
+        )
     print(comparison.summary())
     return 0 if comparison.agreement >= args.min_agreement else 1
 

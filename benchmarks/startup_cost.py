@@ -25,11 +25,15 @@ from pathlib import Path
 
 # A version-1 file: every arxtune version since the format existed reads it.
 THRESHOLDS = {
-    "kind": "arxtune-thresholds", "version": 1, "baseline": "gloo", "margin": 0.05,
+    "kind": "arxtune-thresholds",
+    "version": 1,
+    "baseline": "gloo",
+    "margin": 0.05,
     "provenance": {"run_id": "benchmark", "hostnames": ["a"], "world_size": 1, "mode": "eager"},
-    "tables": [{"op": op, "dtype": "float32", "world_size": 1,
-                "ranges": [{"lo": 0, "hi": None, "backend": "gloo", "source": "measured"}]}
-               for op in ("all_reduce", "all_gather", "reduce_scatter")],
+    "tables": [
+        {"op": op, "dtype": "float32", "world_size": 1, "ranges": [{"lo": 0, "hi": None, "backend": "gloo", "source": "measured"}]}
+        for op in ("all_reduce", "all_gather", "reduce_scatter")
+    ],
     "models": [],
 }
 
@@ -81,13 +85,23 @@ def main() -> None:
             row = {}
             for code in (CHILD, PLUGIN_CHILD):
                 # cwd matters: `python -c` puts it first on sys.path.
-                out = subprocess.run([sys.executable, "-c", code, str(path), str(29600 + i)], env=env, cwd=args.src,
-                                     capture_output=True, text=True, timeout=120, check=True)
+                out = subprocess.run(
+                    [sys.executable, "-c", code, str(path), str(29600 + i)],
+                    env=env,
+                    cwd=args.src,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=True,
+                )
                 row.update(json.loads(out.stdout.strip().splitlines()[-1]))
             rows.append(row)
     print(f"arxtune from {args.src} ({args.repeats} fresh processes, medians)")
-    for key, label in (("import_ms", "import arxtune.runtime.communicator"), ("construct_ms", "Communicator(1-rank gloo)"),
-                       ("plugin_import_ms", "import arxtune.runtime.vllm_plugin")):
+    for key, label in (
+        ("import_ms", "import arxtune.runtime.communicator"),
+        ("construct_ms", "Communicator(1-rank gloo)"),
+        ("plugin_import_ms", "import arxtune.runtime.vllm_plugin"),
+    ):
         values = [r[key] for r in rows]
         print(f"  {label:<38}{statistics.median(values):8.1f} ms  (min {min(values):.1f})")
     total = [r["import_ms"] + r["construct_ms"] for r in rows]

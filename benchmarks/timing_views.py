@@ -36,7 +36,9 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", "29533")
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    print(f"{torch.cuda.get_device_name()}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, bf16 all_reduce, median of {SAMPLES} samples, us per op")
+    print(
+        f"{torch.cuda.get_device_name()}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, bf16 all_reduce, median of {SAMPLES} samples, us per op"
+    )
     for nbytes in SIZES:
         inp = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
         out = torch.empty_like(inp)
@@ -51,8 +53,10 @@ def main() -> None:
         graph = {k: median_us(CudaGraphTimer(k), backend_call) for k in (10, 100, 400)}
         eager = {k: median_us(CudaBackToBackTimer(k), backend_call) for k in (1, 20, 100)}
         bare = median_us(CudaBackToBackTimer(20), reduce_only)
-        print(f"{nbytes:>9} B  graph k=10/100/400: {graph[10]:.3f} {graph[100]:.3f} {graph[400]:.3f} (k=100 over k=400: {graph[100] / graph[400]:.3f})  "
-              f"eager k=1/20/100: {eager[1]:.2f} {eager[20]:.2f} {eager[100]:.2f}  all_reduce alone, eager k=20: {bare:.2f}")
+        print(
+            f"{nbytes:>9} B  graph k=10/100/400: {graph[10]:.3f} {graph[100]:.3f} {graph[400]:.3f} (k=100 over k=400: {graph[100] / graph[400]:.3f})  "
+            f"eager k=1/20/100: {eager[1]:.2f} {eager[20]:.2f} {eager[100]:.2f}  all_reduce alone, eager k=20: {bare:.2f}"
+        )
     dist.destroy_process_group()
 
 

@@ -71,11 +71,32 @@ def main() -> None:
         child = Path(tmp) / "child.py"
         child.write_text(CHILD)
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARXTUNE_")}
-        env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), OMP_NUM_THREADS="1", ARXTUNE_BOOT="off",
-                   ARXTUNE_EXTRA_BACKENDS="counting=helpers.backends:CountingGloo")
-        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(child),
-                              str(args.calls), str(args.rounds), str(args.bytes), ",".join(SETTINGS)],
-                             env=env, capture_output=True, text=True, timeout=1800, cwd=tmp)
+        env.update(
+            PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+            OMP_NUM_THREADS="1",
+            ARXTUNE_BOOT="off",
+            ARXTUNE_EXTRA_BACKENDS="counting=helpers.backends:CountingGloo",
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(child),
+                str(args.calls),
+                str(args.rounds),
+                str(args.bytes),
+                ",".join(SETTINGS),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=tmp,
+        )
         if out.returncode:
             sys.exit(f"the job failed\n{out.stdout}\n{out.stderr}")
         print(out.stdout, end="")

@@ -31,17 +31,43 @@ os.environ.setdefault("ARXTUNE_BOOT_OUT", tempfile.mkdtemp(prefix="arxtune-boot-
 
 def pytest_terminal_summary(terminalreporter):
     """The tier (tests/ directory) this run covered and its wall time, for the README's tier table."""
-    paths = {Path(str(getattr(r, "fspath", "") or r.nodeid.split("::")[0])) for rs in terminalreporter.stats.values()
-             for r in rs if hasattr(r, "nodeid")}
-    tiers = sorted({p.resolve().relative_to(TESTS).parts[0] for p in paths
-                    if p.suffix == ".py" and p.resolve().is_relative_to(TESTS) and len(p.resolve().relative_to(TESTS).parts) > 1})
+    paths = {
+        Path(str(getattr(r, "fspath", "") or r.nodeid.split("::")[0]))
+        for rs in terminalreporter.stats.values()
+        for r in rs
+        if hasattr(r, "nodeid")
+    }
+    tiers = sorted(
+        {
+            p.resolve().relative_to(TESTS).parts[0]
+            for p in paths
+            if p.suffix == ".py" and p.resolve().is_relative_to(TESTS) and len(p.resolve().relative_to(TESTS).parts) > 1
+        }
+    )
     terminalreporter.write_line(f"arxtune tier {'+'.join(tiers) or 'none'}: {time.monotonic() - _started:.1f} s wall")
 
 
 #: The backends synthetic runs and hand-made files name, registered as a site would (ARXTUNE_EXTRA_BACKENDS),
 #: since a thresholds file may name only backends the process knows.
-TEST_BACKENDS = ("fast", "faster", "quick", "x", "y", "graphy", "counting", "capcounting", "limited", "smallonly", "offbyone", "dies",
-                 "laterwrong", "tagged", "slowabove", "hangs", "reversed")
+TEST_BACKENDS = (
+    "fast",
+    "faster",
+    "quick",
+    "x",
+    "y",
+    "graphy",
+    "counting",
+    "capcounting",
+    "limited",
+    "smallonly",
+    "offbyone",
+    "dies",
+    "laterwrong",
+    "tagged",
+    "slowabove",
+    "hangs",
+    "reversed",
+)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -57,6 +83,7 @@ def _test_backends():
 @pytest.fixture
 def crossover_run(tmp_path):
     """'fast' has lower latency but less bandwidth than gloo: it wins small sizes only."""
+
     def latency(backend, nbytes):
         return 5 + nbytes / 1000 if backend == "fast" else 50 + nbytes / 4000
 

@@ -31,8 +31,18 @@ from arxtune.harness.winners import measured_winners
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.harness.results import Run
 from arxtune.runtime.fingerprint import Fingerprint
-from arxtune.runtime.thresholds import (MAX_MARGIN, MODES, BackendSetup, Model, Range, SourceRun, Table, Thresholds,
-                                         merge_adjacent, ranges_from_points)
+from arxtune.runtime.thresholds import (
+    MAX_MARGIN,
+    MODES,
+    BackendSetup,
+    Model,
+    Range,
+    SourceRun,
+    Table,
+    Thresholds,
+    merge_adjacent,
+    ranges_from_points,
+)
 
 DEFAULT_MARGIN = 0.05
 #: How far beyond the measured grid the models extend the table, in grid steps.
@@ -100,6 +110,7 @@ def bitwise_flags(group: pd.DataFrame, baseline: str):
             return flags.get((backend, nbytes))
         values = [v for (b, _), v in flags.items() if b == backend]
         return None if not values or None in values else all(values)
+
     return bits
 
 
@@ -130,7 +141,7 @@ def _op_tables(run: Run, ok: pd.DataFrame, mode: str, view: str, baseline: str, 
         outside = [(points[0][0] / step**k, below) for k in range(EXTRAPOLATE_STEPS, 0, -1) if points[0][0] / step**k >= 1]
         outside += [(points[-1][0] * step**k, above) for k in range(1, EXTRAPOLATE_STEPS + 1)]
         for size, usable in outside:
-            if (w := _predicted_winner(usable, size, baseline, margin)):
+            if w := _predicted_winner(usable, size, baseline, margin):
                 points.append((size, w, "model", bits(w)))
         points.sort()
         tables.append(Table(op, dtype, world, ranges_from_points(points), mode, run.meta.run_id, view))
@@ -139,8 +150,16 @@ def _op_tables(run: Run, ok: pd.DataFrame, mode: str, view: str, baseline: str, 
 
 def fingerprint_of(run: Run) -> Fingerprint:
     m = run.meta
-    return Fingerprint(m.world_size, m.device_type, tuple(m.hostnames), tuple(m.device_names), m.driver_version,
-                       m.torch_version or None, m.nccl_version, tuple(m.rdma_devices) if m.rdma_devices else None)
+    return Fingerprint(
+        m.world_size,
+        m.device_type,
+        tuple(m.hostnames),
+        tuple(m.device_names),
+        m.driver_version,
+        m.torch_version or None,
+        m.nccl_version,
+        tuple(m.rdma_devices) if m.rdma_devices else None,
+    )
 
 
 def _cluster(fp: Fingerprint) -> tuple:
@@ -150,8 +169,11 @@ def _cluster(fp: Fingerprint) -> tuple:
 
 def _setups(run: Run) -> dict[str, BackendSetup]:
     """The options and capacity each backend of the run was measured with (runs before format 2 of thresholds: none)."""
-    return {name: BackendSetup(dict(s.get("options", {})), dict(s.get("capacity", {})))
-            for name, s in run.meta.backends.items() if s.get("available") and (s.get("options") or s.get("capacity"))}
+    return {
+        name: BackendSetup(dict(s.get("options", {})), dict(s.get("capacity", {})))
+        for name, s in run.meta.backends.items()
+        if s.get("available") and (s.get("options") or s.get("capacity"))
+    }
 
 
 def _pick_run(prefer: str | None, runs: list[Run]) -> Run | None:
@@ -170,8 +192,14 @@ def _choose(what: str, a: Run, b: Run, preferred: Run | None) -> Run:
     raise ArxtuneError(f"runs {a.meta.run_id} and {b.meta.run_id} {what}; pass --prefer RUN to say which wins")
 
 
-def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: float = DEFAULT_MARGIN,
-              views: dict[str, str | tuple[str, ...]] | None = None, prefer: str | None = None, invariant: bool = False) -> Thresholds:
+def calibrate(
+    runs: Run | Sequence[Run],
+    baseline: str | None = None,
+    margin: float = DEFAULT_MARGIN,
+    views: dict[str, str | tuple[str, ...]] | None = None,
+    prefer: str | None = None,
+    invariant: bool = False,
+) -> Thresholds:
     """Several runs (world sizes, modes) -> one thresholds file.
 
     `views` maps each runtime mode to the run's timing view(s) it is calibrated
@@ -186,8 +214,10 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         raise ArxtuneError("no runs to calibrate from")
     unchecked = next((r for r in runs if r.meta.version < 5), None)
     if invariant and unchecked is not None:
-        raise ArxtuneError(f"run {unchecked.meta.run_id} (results format {unchecked.meta.version}) has no bitwise check, so --invariant "
-                           "cannot tell which backends give the baseline's bits; sweep again with this arxtune")
+        raise ArxtuneError(
+            f"run {unchecked.meta.run_id} (results format {unchecked.meta.version}) has no bitwise check, so --invariant "
+            "cannot tell which backends give the baseline's bits; sweep again with this arxtune"
+        )
     if not (math.isfinite(margin) and 0 <= margin <= MAX_MARGIN):
         raise ArxtuneError(f"--margin must be a number from 0 to {MAX_MARGIN:g} (a fraction such as 0.05), not {margin}")
     if len({r.meta.run_id for r in runs}) < len(runs):
@@ -201,13 +231,17 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
     else:
         measured = sorted({rec.backend for r in runs for rec in r.records})
         if baseline not in measured:
-            raise ArxtuneError(f"baseline {baseline!r} was not measured in {', '.join(r.meta.run_id for r in runs)}; "
-                               f"pick one of {', '.join(measured) or 'none'}")
+            raise ArxtuneError(
+                f"baseline {baseline!r} was not measured in {', '.join(r.meta.run_id for r in runs)}; "
+                f"pick one of {', '.join(measured) or 'none'}"
+            )
     # A run checked bits against its own baseline: against another one its bitwise flags say nothing.
     other_baseline = next((r for r in runs if r.meta.baseline != baseline), None)
     if invariant and other_baseline is not None:
-        raise ArxtuneError(f"run {other_baseline.meta.run_id} checked bits against its baseline {other_baseline.meta.baseline}, not "
-                           f"{baseline}; with --invariant keep --baseline {other_baseline.meta.baseline} (or sweep with --baseline {baseline})")
+        raise ArxtuneError(
+            f"run {other_baseline.meta.run_id} checked bits against its baseline {other_baseline.meta.baseline}, not "
+            f"{baseline}; with --invariant keep --baseline {other_baseline.meta.baseline} (or sweep with --baseline {baseline})"
+        )
     views = {mode: (v,) if isinstance(v, str) else tuple(v) for mode, v in (views or DEFAULT_VIEWS).items()}
     for mode, candidates in views.items():
         if mode not in MODES:
@@ -226,7 +260,9 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
     for r in runs:
         for name, s in _setups(r).items():
             if name in setup and setup[name][1] != s:
-                winner = _choose(f"opened {name} with different options ({setup[name][1].options} vs {s.options})", setup[name][0], r, preferred)
+                winner = _choose(
+                    f"opened {name} with different options ({setup[name][1].options} vs {s.options})", setup[name][0], r, preferred
+                )
                 s = setup[name][1] if winner is setup[name][0] else s
                 r_setup = winner
             else:
@@ -246,8 +282,11 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
             tables, run_models = _op_tables(r, ok[ok["view"] == view], mode, view, baseline, margin)
             models += [(r.meta.run_id, m) for m in run_models]
             for t in tables:
-                if t.key in chosen and _choose(f"both measure {t.op}/{t.dtype} at world size {t.world_size} for {t.mode}",
-                                               chosen[t.key][0], r, preferred) is not r:
+                if (
+                    t.key in chosen
+                    and _choose(f"both measure {t.op}/{t.dtype} at world size {t.world_size} for {t.mode}", chosen[t.key][0], r, preferred)
+                    is not r
+                ):
                     continue
                 chosen[t.key] = (r, t)
     if not chosen:
@@ -258,19 +297,33 @@ def calibrate(runs: Run | Sequence[Run], baseline: str | None = None, margin: fl
         for name, (_, s) in setup.items():
             if t.op in s.capacity:
                 ranges = cap_ranges(ranges, name, int(s.capacity[t.op]), baseline)
-        final.append(Table(t.op, t.dtype, t.world_size, invariant_ranges(ranges, baseline) if invariant else ranges, t.mode, t.run_id, t.view))
+        final.append(
+            Table(t.op, t.dtype, t.world_size, invariant_ranges(ranges, baseline) if invariant else ranges, t.mode, t.run_id, t.view)
+        )
     kept = {t.run_id for t in final}
     # A model stays where its run's table was kept.
     models = [m for run_id, m in models if (t := chosen.get((m.mode, m.op, m.dtype, m.world_size))) and t[1].run_id == run_id]  # type: ignore[assignment, index, misc]
     provenance = {
-        "runs": [r.meta.run_id for r in runs if r.meta.run_id in kept], "views": used_views, "prefer": preferred.meta.run_id if preferred else None,
-        "world_sizes": sorted({t.world_size for t in final}), "modes": sorted({t.mode for t in final}), "invariant": invariant,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "calibrated_on": platform.node(),
+        "runs": [r.meta.run_id for r in runs if r.meta.run_id in kept],
+        "views": used_views,
+        "prefer": preferred.meta.run_id if preferred else None,
+        "world_sizes": sorted({t.world_size for t in final}),
+        "modes": sorted({t.mode for t in final}),
+        "invariant": invariant,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "calibrated_on": platform.node(),
         "arxtune_version": __version__,
     }
     sources = tuple(SourceRun(r.meta.run_id, fingerprints[r.meta.run_id]) for r in runs if r.meta.run_id in kept)
-    return Thresholds(baseline, margin, provenance, tuple(sorted(final, key=lambda t: t.key)), tuple(models), sources,  # type: ignore[arg-type]
-                      {name: s for name, (_, s) in setup.items()})
+    return Thresholds(
+        baseline,
+        margin,
+        provenance,
+        tuple(sorted(final, key=lambda t: t.key)),
+        tuple(models),  # type: ignore[arg-type]
+        sources,
+        {name: s for name, (_, s) in setup.items()},
+    )
 
 
 def baseline_warnings(runs: Run | Sequence[Run], baseline: str | None = None) -> list[str]:
@@ -285,8 +338,10 @@ def baseline_warnings(runs: Run | Sequence[Run], baseline: str | None = None) ->
             continue
         for record in r.meta.nccl_used or []:
             for problem in problems(record):
-                warnings.append(f"run {r.meta.run_id}, rank {record.get('rank', '?')}: {problem}; the {name} baseline is slower "
-                                f"than this fabric allows, so every comparison against it is unfair (see `arxtune doctor`)")
+                warnings.append(
+                    f"run {r.meta.run_id}, rank {record.get('rank', '?')}: {problem}; the {name} baseline is slower "
+                    f"than this fabric allows, so every comparison against it is unfair (see `arxtune doctor`)"
+                )
     return list(dict.fromkeys(warnings))
 
 

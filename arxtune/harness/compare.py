@@ -70,10 +70,12 @@ class Comparison:
             p50, p90 = np.nanpercentile(r, [50, 90])
             return f"p50 {p50:.1%}, p90 {p90:.1%}, max {np.nanmax(r):.1%}"
 
-        return (f"{len(self.points)} points: agreement {self.agreement:.1%} ({sum(p.agree for p in self.points)} agree; "
-                f"{self.same_choice} same choice, others within {self.tolerance:.0%} by pooled medians); "
-                f"regret of a run's choice against the other's, by the other's medians: {spread(self.regrets())} "
-                f"(raw, against the other's fastest median: {spread(self.regrets(raw=True))})")
+        return (
+            f"{len(self.points)} points: agreement {self.agreement:.1%} ({sum(p.agree for p in self.points)} agree; "
+            f"{self.same_choice} same choice, others within {self.tolerance:.0%} by pooled medians); "
+            f"regret of a run's choice against the other's, by the other's medians: {spread(self.regrets())} "
+            f"(raw, against the other's fastest median: {spread(self.regrets(raw=True))})"
+        )
 
 
 def _choices(frame: pd.DataFrame, baseline: str, margin: float) -> dict[tuple, str]:
@@ -109,8 +111,7 @@ def _medians_at(rows: dict[tuple, float], point: tuple) -> dict[str, float]:
     return {key[-1]: t for key, t in rows.items() if key[:-1] == point}
 
 
-def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.05,
-                 tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
+def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.05, tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
     for name, value in (("--margin", margin), ("--tolerance", tolerance)):
         if not (math.isfinite(value) and 0 <= value <= MAX_FRACTION):
             raise ArxtuneError(f"{name} must be a number from 0 to {MAX_FRACTION:g} (a fraction such as 0.05), not {value}")
@@ -119,7 +120,9 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None, margin: float = 0.
     if baseline is not None:
         measured = {r.backend for r in a.records} & {r.backend for r in b.records}
         if baseline not in measured:
-            raise ArxtuneError(f"--baseline {baseline!r} was not measured in both runs (both have: {', '.join(sorted(measured)) or 'none'})")
+            raise ArxtuneError(
+                f"--baseline {baseline!r} was not measured in both runs (both have: {', '.join(sorted(measured)) or 'none'})"
+            )
     if baseline is None:
         if a.meta.baseline != b.meta.baseline:
             raise ArxtuneError(f"the runs have different baselines ({a.meta.baseline}, {b.meta.baseline}); pass --baseline")

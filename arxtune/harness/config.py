@@ -8,7 +8,14 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from arxtune.runtime.backends import OPS, check_options as check_backend_options, names as backend_names, problem as backend_problem, split_names, with_variants
+from arxtune.runtime.backends import (
+    OPS,
+    check_options as check_backend_options,
+    names as backend_names,
+    problem as backend_problem,
+    split_names,
+    with_variants,
+)
 from arxtune.runtime.ops import DTYPES
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.units import format_bytes, parse_bytes
@@ -104,7 +111,9 @@ class SweepConfig:
             raise ArxtuneError("step_factor must be a number greater than 1, e.g. 2")
         sizes = math.log(self.max_bytes / self.min_bytes) / math.log(self.step_factor) + 1
         if sizes > MAX_GRID_SIZES:
-            raise ArxtuneError(f"step_factor {self.step_factor} gives {sizes:.0f} sizes (at most {MAX_GRID_SIZES}); use a larger step_factor")
+            raise ArxtuneError(
+                f"step_factor {self.step_factor} gives {sizes:.0f} sizes (at most {MAX_GRID_SIZES}); use a larger step_factor"
+            )
         if not 1 <= self.rounds <= MAX_ROUNDS:
             raise ArxtuneError(f"rounds must be between 1 and {MAX_ROUNDS} (5 or more gives intervals from the spread across rounds)")
         if not 0 <= self.max_extra_rounds <= MAX_ROUNDS:
@@ -156,13 +165,21 @@ _LIST_FIELDS = {"backends", "ops", "dtypes", "views"}
 _OLD_KEYS = {"modes": "views"}
 _SIZE_FIELDS = {"min_bytes", "max_bytes"}
 #: field -> (accepted Python types, what to write instead); lists and sizes are handled above these.
-_TYPES = {"step_factor": ((int, float), "a number"), "point_budget_s": ((int, float), "a number"),
-          "decode_busy_us": ((int, float), "a number"),
-          "timeout_s": ((int, float), "a number"), "warmup_iters": ((int,), "a whole number"),
-          "min_iters": ((int,), "a whole number"), "max_iters": ((int,), "a whole number"), "rounds": ((int,), "a whole number"),
-          "max_extra_rounds": ((int,), "a whole number"),
-          "baseline": ((str, type(None)), "a backend name"), "out": ((str,), "a directory path"),
-          "backend_options": ((dict,), "a table of per-backend tables"), "nccl_pair_settings": ((bool,), "true or false")}
+_TYPES = {
+    "step_factor": ((int, float), "a number"),
+    "point_budget_s": ((int, float), "a number"),
+    "decode_busy_us": ((int, float), "a number"),
+    "timeout_s": ((int, float), "a number"),
+    "warmup_iters": ((int,), "a whole number"),
+    "min_iters": ((int,), "a whole number"),
+    "max_iters": ((int,), "a whole number"),
+    "rounds": ((int,), "a whole number"),
+    "max_extra_rounds": ((int,), "a whole number"),
+    "baseline": ((str, type(None)), "a backend name"),
+    "out": ((str,), "a directory path"),
+    "backend_options": ((dict,), "a table of per-backend tables"),
+    "nccl_pair_settings": ((bool,), "true or false"),
+}
 
 
 def _coerce(key: str, value):
@@ -189,7 +206,11 @@ def from_mapping(data: dict) -> SweepConfig:
     if not isinstance(data, dict):
         raise ArxtuneError("bad config: the sweep settings must be a table")
     schema.check_depth(data, "config")
-    unnamed = [k for k in data.get("backend_options", {}) if not isinstance(k, str) or not k.isidentifier()] if isinstance(data.get("backend_options"), dict) else []
+    unnamed = (
+        [k for k in data.get("backend_options", {}) if not isinstance(k, str) or not k.isidentifier()]
+        if isinstance(data.get("backend_options"), dict)
+        else []
+    )
     if unnamed:
         raise ArxtuneError(f"backend_options.{unnamed[0]!r} is not a backend name")
     for old, new in _OLD_KEYS.items():

@@ -16,8 +16,18 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.fingerprint import host_facts
 from arxtune.runtime.group import GroupContext, all_max, all_true, gather_objects, max_per_iteration
 
-__all__ = ["TORCHRUN_VARS", "all_max", "all_true", "describe_host", "gather_objects", "init", "max_per_iteration",
-           "pick_device", "shutdown", "under_torchrun"]
+__all__ = [
+    "TORCHRUN_VARS",
+    "all_max",
+    "all_true",
+    "describe_host",
+    "gather_objects",
+    "init",
+    "max_per_iteration",
+    "pick_device",
+    "shutdown",
+    "under_torchrun",
+]
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

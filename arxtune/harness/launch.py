@@ -75,9 +75,19 @@ class LaunchPlan:
             return ["--standalone", *args]
         if not self.rdzv_endpoint:
             raise ArxtuneError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
-        args += ["--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", self.rdzv_id,
-                 # The rendezvous waits for nodes, and for the store on HOST:PORT, only as long as any other wait.
-                 "--rdzv-conf", f"join_timeout={timeout},read_timeout={timeout}"]
+        args += [
+            "--nnodes",
+            str(self.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.rdzv_endpoint,
+            "--rdzv-id",
+            self.rdzv_id,
+            # The rendezvous waits for nodes, and for the store on HOST:PORT, only as long as any other wait.
+            "--rdzv-conf",
+            f"join_timeout={timeout},read_timeout={timeout}",
+        ]
         if self.node_rank is not None:
             args += ["--node-rank", str(self.node_rank)]
         return args
@@ -145,11 +155,11 @@ def _read_ranks_stderr(stream, log, result: LaunchResult) -> None:
                 result.joined.set()
             elif text.startswith(ERROR_PREFIX):
                 result.failed.set()
-                if text[len(ERROR_PREFIX):] not in result.errors:
-                    result.errors.append(text[len(ERROR_PREFIX):])
+                if text[len(ERROR_PREFIX) :] not in result.errors:
+                    result.errors.append(text[len(ERROR_PREFIX) :])
             elif text.startswith("arxtune: "):
                 if text.startswith(RUN_PREFIX):
-                    result.run_path = text[len(RUN_PREFIX):]
+                    result.run_path = text[len(RUN_PREFIX) :]
                 if text not in shown:
                     shown.add(text)
                     print(text, file=sys.stderr, flush=True)
@@ -167,7 +177,7 @@ def _descendants(pid: int) -> list[int]:
             text = stat.read_text()
         except OSError:  # the process ended while we looked
             continue
-        parent = int(text[text.rfind(")") + 2:].split()[1])
+        parent = int(text[text.rfind(")") + 2 :].split()[1])
         children.setdefault(parent, []).append(int(stat.parent.name))
     found, todo = [], [pid]
     while todo:
@@ -201,8 +211,11 @@ def _supervise(proc: subprocess.Popen, plan: LaunchPlan, result: LaunchResult) -
         if code == 0 or result.joined.is_set():
             return code
         if plan.nnodes > 1:
-            result.errors.insert(0, f"the rendezvous at {plan.rdzv_endpoint} did not complete within timeout_s ({plan.timeout_s:g} s): not all "
-                                    f"{plan.nnodes} nodes came (--nnodes); nothing was measured")
+            result.errors.insert(
+                0,
+                f"the rendezvous at {plan.rdzv_endpoint} did not complete within timeout_s ({plan.timeout_s:g} s): not all "
+                f"{plan.nnodes} nodes came (--nnodes); nothing was measured",
+            )
         elif not result.errors:
             result.errors.insert(0, f"the ranks of this node did not form a group within {limit:.0f} s; nothing was measured")
         return code or 2

@@ -58,7 +58,7 @@ def _build_id(data) -> str | None:
     """The NT_GNU_BUILD_ID note of a little-endian ELF64 file, from its program headers."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return None
-    phoff, = struct.unpack_from("<Q", data, 0x20)
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     for i in range(phnum):
         p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
@@ -69,8 +69,8 @@ def _build_id(data) -> str | None:
             namesz, descsz, kind = struct.unpack_from("<III", data, at)
             name_at = at + 12
             desc_at = name_at + ((namesz + 3) & ~3)
-            if kind == 3 and data[name_at:name_at + namesz].rstrip(b"\x00") == b"GNU":
-                return data[desc_at:desc_at + descsz].hex()
+            if kind == 3 and data[name_at : name_at + namesz].rstrip(b"\x00") == b"GNU":
+                return data[desc_at : desc_at + descsz].hex()
             at = desc_at + ((descsz + 3) & ~3)
     return None
 
@@ -104,8 +104,10 @@ def arm_hang_warning(lib: NcclLibrary, machine: str) -> str | None:
     """Why this NCCL may hang on this host, or None."""
     if machine not in ("aarch64", "arm64") or lib.numbers is None or lib.numbers >= ARM_HANG_FIXED:
         return None
-    return (f"NCCL {lib.version} on {machine}: versions before 2.29.3 hang on ARM after 20-30 min of TP=2 (the 2.28.9 "
-            f"pip wheel did; the OS package of the same number did not)")
+    return (
+        f"NCCL {lib.version} on {machine}: versions before 2.29.3 hang on ARM after 20-30 min of TP=2 (the 2.28.9 "
+        f"pip wheel did; the OS package of the same number did not)"
+    )
 
 
 # ---- what NCCL said it used -----------------------------------------------------------------------------
@@ -136,9 +138,14 @@ class Communicator:
     net_devices: list[int] = field(default_factory=list)  # indexes into the network's device list that channels used
 
     def as_dict(self, devices: list[str]) -> dict:
-        return {"rank": self.rank, "nranks": self.nranks, "nnodes": self.nnodes, "channels": self.channels,
-                "transports": self.transports,
-                "hcas_used": [devices[i] for i in self.net_devices if i < len(devices)]}
+        return {
+            "rank": self.rank,
+            "nranks": self.nranks,
+            "nnodes": self.nnodes,
+            "channels": self.channels,
+            "transports": self.transports,
+            "hcas_used": [devices[i] for i in self.net_devices if i < len(devices)],
+        }
 
 
 @dataclass
@@ -156,10 +163,16 @@ class NcclUsed:
 
     def as_dict(self) -> dict:
         names = [d.split("/")[0] for d in self.devices]
-        return {"version": self.version, "network": self.network, "devices": self.devices, "oob": self.oob,
-                "gid_index": self.gid_index, "tuner": self.tuner,
-                "communicators": [c.as_dict(names) for c in self.communicators],
-                "choices": self.choices}
+        return {
+            "version": self.version,
+            "network": self.network,
+            "devices": self.devices,
+            "oob": self.oob,
+            "gid_index": self.gid_index,
+            "tuner": self.tuner,
+            "communicators": [c.as_dict(names) for c in self.communicators],
+            "choices": self.choices,
+        }
 
 
 def parse_log(text: str) -> NcclUsed:
@@ -242,8 +255,17 @@ def summary(record: dict | None) -> str:
     if record.get("tuner"):
         parts.append(f"tuner {record['tuner']}")
     choices = record.get("choices") or {}
-    parts.append("algo/proto " + ("; ".join(f"{op} " + ",".join(f"{b}:{c}" for b, c in sorted(by.items(), key=lambda kv: int(kv[0])))
-                                            for op, by in sorted(choices.items())) if choices else "not printed"))
+    parts.append(
+        "algo/proto "
+        + (
+            "; ".join(
+                f"{op} " + ",".join(f"{b}:{c}" for b, c in sorted(by.items(), key=lambda kv: int(kv[0])))
+                for op, by in sorted(choices.items())
+            )
+            if choices
+            else "not printed"
+        )
+    )
     return ", ".join(parts)
 
 
@@ -273,8 +295,10 @@ def pair_settings(endpoints) -> PairSettings:
     if len(indexes) == 1:
         values["NCCL_IB_GID_INDEX"] = str(indexes[0])
     else:
-        problem = (f"the twins' RoCE v2 IPv4 GIDs sit at different indexes ({', '.join(f'{e.device} {e.gid.index}' for e in endpoints)}); "
-                   f"one NCCL_IB_GID_INDEX cannot fit both: leave it unset (NCCL then picks per device, NCCL_IB_ADDR_FAMILY=AF_INET)")
+        problem = (
+            f"the twins' RoCE v2 IPv4 GIDs sit at different indexes ({', '.join(f'{e.device} {e.gid.index}' for e in endpoints)}); "
+            f"one NCCL_IB_GID_INDEX cannot fit both: leave it unset (NCCL then picks per device, NCCL_IB_ADDR_FAMILY=AF_INET)"
+        )
     netdev = endpoints[0].gid.netdev
     if netdev:
         values["NCCL_SOCKET_IFNAME"] = f"={netdev}"

@@ -36,8 +36,16 @@ def _bands(ax, thresholds: Thresholds | None, op: str, dtype: str, world: int, c
         lo, hi = max(r.lo, xmin), min(r.hi if r.hi is not None else xmax, xmax)
         if lo < hi:
             ax.axvspan(lo, hi, color=colors.get(r.backend, "grey"), alpha=0.10, lw=0)
-            ax.text((lo * hi) ** 0.5, 0.98, r.backend, transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=7,
-                    color=colors.get(r.backend, "grey"))
+            ax.text(
+                (lo * hi) ** 0.5,
+                0.98,
+                r.backend,
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="top",
+                fontsize=7,
+                color=colors.get(r.backend, "grey"),
+            )
 
 
 #: How each image format a plot may replace starts.
@@ -54,8 +62,14 @@ def is_image(path: Path) -> bool:
     return not head or head.lstrip().startswith(_SIGNATURES)
 
 
-def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | None = None, view: str | None = None,
-             inputs: tuple[Path, ...] = (), into: Staged | None = None) -> Path:
+def plot_run(
+    run: Run,
+    thresholds: Thresholds | None = None,
+    out: str | Path | None = None,
+    view: str | None = None,
+    inputs: tuple[Path, ...] = (),
+    into: Staged | None = None,
+) -> Path:
     """Draw every (op, dtype) of a run in one figure; returns the file written. `inputs`: the command's other input
     files; `into`: the command's staged outputs, published with the others (else the image is written at once)."""
     out = Path(out) if out is not None else run.path / "plot.png"
@@ -68,8 +82,9 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
     ok = frame[frame.status == "ok"]
     if view:
         if not (ok["view"] == view).any():
-            raise ArxtuneError(f"run {run.meta.run_id} has no correct points in the {view} view "
-                               f"(it has: {', '.join(sorted(set(ok['view']))) or 'none'})")
+            raise ArxtuneError(
+                f"run {run.meta.run_id} has no correct points in the {view} view (it has: {', '.join(sorted(set(ok['view']))) or 'none'})"
+            )
         ok = ok[ok["view"] == view]
     if ok.empty:
         raise ArxtuneError(f"run {run.meta.run_id} has no correct points to plot; check `arxtune show {run.path}`")
@@ -110,7 +125,10 @@ def plot_run(run: Run, thresholds: Thresholds | None = None, out: str | Path | N
         bw.set_title(f"{op} {dtype}: {bw_name}", fontsize=9)
         lat.legend(fontsize=7, loc="upper left")
     hosts = ", ".join(sorted(set(run.meta.hostnames)))
-    fig.suptitle(f"arxtune run {run.meta.run_id} | world {run.meta.world_size} | {hosts} | {run.meta.device_names[0] if run.meta.device_names else ''}", fontsize=10)
+    fig.suptitle(
+        f"arxtune run {run.meta.run_id} | world {run.meta.world_size} | {hosts} | {run.meta.device_names[0] if run.meta.device_names else ''}",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     image = io.BytesIO()
     fig.savefig(image, dpi=110, format=out.suffix.lower()[1:])

@@ -64,8 +64,10 @@ def wheel_name(python: str | None = None) -> str:
 
 
 def _python_tag(python: str | None) -> str:
-    code = ("import sys, sysconfig; v = sys.version_info; abi = 'cp%d%d%s' % (v[0], v[1], sys.abiflags); "
-            "print('cp%d%d-%s-%s' % (v[0], v[1], abi, sysconfig.get_platform().replace('-', '_').replace('.', '_')))")
+    code = (
+        "import sys, sysconfig; v = sys.version_info; abi = 'cp%d%d%s' % (v[0], v[1], sys.abiflags); "
+        "print('cp%d%d-%s-%s' % (v[0], v[1], abi, sysconfig.get_platform().replace('-', '_').replace('.', '_')))"
+    )
     if python is None or Path(python).resolve() == Path(sys.executable).resolve():
         v = sys.version_info
         return f"cp{v[0]}{v[1]}-cp{v[0]}{v[1]}{sys.abiflags}-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}"
@@ -93,8 +95,10 @@ def build(cache: Path | str | None = None, python: str | None = None, say=print)
             _smoke_test(staged, python, out)
             wheel = _zip(staged, work / target.name)
     except subprocess.CalledProcessError as exc:
-        raise ArxtuneError(f"building pyverbs failed at `{' '.join(map(str, exc.cmd))[:200]}` (exit {exc.returncode}); "
-                           f"the log is {log}; the build needs {SYSTEM_NEEDS}") from None
+        raise ArxtuneError(
+            f"building pyverbs failed at `{' '.join(map(str, exc.cmd))[:200]}` (exit {exc.returncode}); "
+            f"the log is {log}; the build needs {SYSTEM_NEEDS}"
+        ) from None
     os.replace(wheel, target)
     shutil.rmtree(work, ignore_errors=True)
     say(f"pyverbs: built {target} in {time.monotonic() - started:.0f} s")
@@ -133,8 +137,10 @@ def _sdist(work: Path, python: str, out) -> Path:
     archive = work / f"pyverbs-{VERSION}.tar.gz"
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     if digest != SDIST_SHA256:
-        raise ArxtuneError(f"the registry's pyverbs {VERSION} sdist has sha256 {digest}, not the {SDIST_SHA256} this "
-                           f"recipe was made for; refusing to build it")
+        raise ArxtuneError(
+            f"the registry's pyverbs {VERSION} sdist has sha256 {digest}, not the {SDIST_SHA256} this "
+            f"recipe was made for; refusing to build it"
+        )
     with tarfile.open(archive) as tar:
         tar.extractall(work, filter="data")
     return work / f"pyverbs-{VERSION}" / "rdma-core"
@@ -144,16 +150,30 @@ def _compile(source: Path, build_dir: Path, tools: Path, out) -> Path:
     """Configure rdma-core with pyverbs and build libibverbs, librdmacm, the providers and pyverbs's core modules."""
     build_dir.mkdir()
     env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ.get('PATH', '')}")
-    _run([tools / "cmake", "-GNinja", source, "-DCMAKE_BUILD_TYPE=Release", "-DNO_MAN_PAGES=1", "-DNO_PYVERBS=0",
-          # the tools' Python: this Python's interpreter and headers, with Cython importable
-          f"-DPYTHON_EXECUTABLE={tools / 'python'}",
-          f"-DPKG_CONFIG_EXECUTABLE={tools / 'pkgconf'}",
-          # providers by bare name, found through libibverbs's rpath; the driver list from the system's rdma-core
-          "-DVERBS_PROVIDER_DIR=", "-DCMAKE_INSTALL_SYSCONFDIR=/etc",
-          # no libnl: only userspace address handles (UD) resolve neighbours; arx uses RC queue pairs
-          "-DENABLE_RESOLVE_NEIGH=0"], out, cwd=build_dir, env=env)
-    listed = subprocess.run([tools / "ninja", "-t", "targets", "all"], cwd=build_dir, env=env, capture_output=True,
-                            text=True, check=True).stdout
+    _run(
+        [
+            tools / "cmake",
+            "-GNinja",
+            source,
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DNO_MAN_PAGES=1",
+            "-DNO_PYVERBS=0",
+            # the tools' Python: this Python's interpreter and headers, with Cython importable
+            f"-DPYTHON_EXECUTABLE={tools / 'python'}",
+            f"-DPKG_CONFIG_EXECUTABLE={tools / 'pkgconf'}",
+            # providers by bare name, found through libibverbs's rpath; the driver list from the system's rdma-core
+            "-DVERBS_PROVIDER_DIR=",
+            "-DCMAKE_INSTALL_SYSCONFDIR=/etc",
+            # no libnl: only userspace address handles (UD) resolve neighbours; arx uses RC queue pairs
+            "-DENABLE_RESOLVE_NEIGH=0",
+        ],
+        out,
+        cwd=build_dir,
+        env=env,
+    )
+    listed = subprocess.run(
+        [tools / "ninja", "-t", "targets", "all"], cwd=build_dir, env=env, capture_output=True, text=True, check=True
+    ).stdout
     names = {line.split(":")[0] for line in listed.splitlines()}
     targets = sorted(n for n in names if re.fullmatch(r"(libibverbs|librdmacm|providers/\w+)/all|python/pyverbs/\w+\.[\w.-]+\.so", n))
     _run([tools / "ninja", f"-j{os.cpu_count() or 2}", *targets], out, cwd=build_dir, env=env)
@@ -184,27 +204,33 @@ def _stage(build_dir: Path, stage: Path, tools: Path) -> Path:
 
 def _smoke_test(stage: Path, python: str, out) -> None:
     """The staged tree imports (every module, through the renamed libraries) before it is cached."""
-    code = ("import importlib, pathlib, sys; p = pathlib.Path(sys.argv[1]) / 'pyverbs'; "
-            "[importlib.import_module('pyverbs.' + f.name.split('.')[0]) for f in sorted(p.glob('*.so'))]; "
-            "import pyverbs.device; print('pyverbs imports from', pyverbs.device.__file__)")
+    code = (
+        "import importlib, pathlib, sys; p = pathlib.Path(sys.argv[1]) / 'pyverbs'; "
+        "[importlib.import_module('pyverbs.' + f.name.split('.')[0]) for f in sorted(p.glob('*.so'))]; "
+        "import pyverbs.device; print('pyverbs imports from', pyverbs.device.__file__)"
+    )
     _run([python, "-I", "-c", f"import sys; sys.path.insert(0, sys.argv[1]); {code}", stage], out)
 
 
 def _zip(stage: Path, target: Path) -> Path:
     """A wheel of `stage` with its metadata and RECORD."""
     info = f"pyverbs-{full_version()}.dist-info"
-    tag = target.name[len(f"pyverbs-{full_version()}-"):-len(".whl")]
+    tag = target.name[len(f"pyverbs-{full_version()}-") : -len(".whl")]
     files = {
-        f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: pyverbs\nVersion: {full_version()}\n"
-                             f"Summary: rdma-core {VERSION}'s pyverbs with its own libibverbs, librdmacm and providers\n"
-                             "License: GPL-2.0-only OR BSD-2-Clause\n").encode(),
+        f"{info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: pyverbs\nVersion: {full_version()}\n"
+            f"Summary: rdma-core {VERSION}'s pyverbs with its own libibverbs, librdmacm and providers\n"
+            "License: GPL-2.0-only OR BSD-2-Clause\n"
+        ).encode(),
         f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: arxtune\nRoot-Is-Purelib: false\nTag: {tag}\n".encode(),
     }
     for path in sorted(stage.rglob("*")):
         if path.is_file():
             files[path.relative_to(stage).as_posix()] = path.read_bytes()
-    record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
-              for name, data in files.items()]
+    record = [
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for name, data in files.items()
+    ]
     files[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as whl:
         for name, data in files.items():

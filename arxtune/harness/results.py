@@ -12,11 +12,34 @@ from arxtune.harness.stats import bandwidths, summarize
 from arxtune.runtime import runs
 from arxtune.runtime.ops import OP_SPECS
 from arxtune.runtime.runs import (  # noqa: F401 (re-exported for the harness)
-    FORMAT_VERSION, HEADERS, META_FILE, POINT_COLUMNS, POINTS_FILE, READABLE_VERSIONS, STATUSES, PointRecord, RunExists,
-    RunMeta, RunWriter, _write_json_atomic, read_meta,
+    FORMAT_VERSION,
+    HEADERS,
+    META_FILE,
+    POINT_COLUMNS,
+    POINTS_FILE,
+    READABLE_VERSIONS,
+    STATUSES,
+    PointRecord,
+    RunExists,
+    RunMeta,
+    RunWriter,
+    _write_json_atomic,
+    read_meta,
 )
 
-SUMMARY_COLUMNS = ["rounds", "round_medians_us", "median_us", "p10_us", "p90_us", "p99_us", "ci_low_us", "ci_high_us", "unstable", "algbw_gbps", "busbw_gbps"]
+SUMMARY_COLUMNS = [
+    "rounds",
+    "round_medians_us",
+    "median_us",
+    "p10_us",
+    "p90_us",
+    "p99_us",
+    "ci_low_us",
+    "ci_high_us",
+    "unstable",
+    "algbw_gbps",
+    "busbw_gbps",
+]
 FRAME_COLUMNS = [c for c in POINT_COLUMNS if c not in ("samples_us", "round_iters")] + SUMMARY_COLUMNS
 
 
@@ -45,8 +68,18 @@ def points_frame(records: list[PointRecord]) -> pd.DataFrame:
         if r.status == "ok" and r.samples_us:
             s = summarize(r.samples_us, r.round_iters)
             algbw, busbw = bandwidths(r.nbytes, s.median_us * 1e-6, OP_SPECS[r.op].bus_factor(r.world_size))
-            row.update(rounds=s.rounds, round_medians_us=s.round_medians_us,
-                       median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, p99_us=s.p99_us,
-                       ci_low_us=s.ci_low_us, ci_high_us=s.ci_high_us, unstable=s.unstable, algbw_gbps=algbw, busbw_gbps=busbw)
+            row.update(
+                rounds=s.rounds,
+                round_medians_us=s.round_medians_us,
+                median_us=s.median_us,
+                p10_us=s.p10_us,
+                p90_us=s.p90_us,
+                p99_us=s.p99_us,
+                ci_low_us=s.ci_low_us,
+                ci_high_us=s.ci_high_us,
+                unstable=s.unstable,
+                algbw_gbps=algbw,
+                busbw_gbps=busbw,
+            )
         rows.append(row)
     return pd.DataFrame(rows, columns=FRAME_COLUMNS)

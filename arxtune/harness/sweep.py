@@ -116,8 +116,9 @@ def plan_points(config: SweepConfig, ready: dict[str, Backend], device: torch.de
         if not has_timer(device, view):
             continue
         for op in config.ops:
-            names = tuple(name for name, backend in ready.items() if op in getattr(backend, "ops", OPS)
-                          and (view != "graph" or backend.capturable))
+            names = tuple(
+                name for name, backend in ready.items() if op in getattr(backend, "ops", OPS) and (view != "graph" or backend.capturable)
+            )
             if not names:
                 continue
             for dtype in config.dtypes:
@@ -151,8 +152,9 @@ def timed_op(backend: Backend, op: str, ins: list[torch.Tensor], outs: list[torc
     return own(op, ins, outs) if own is not None else rotating_op(bound_call(backend, op), ins, outs)
 
 
-def rotating_op(bind: Callable[[torch.Tensor, torch.Tensor], Callable[[], None]], ins: list[torch.Tensor],
-                outs: list[torch.Tensor]) -> Callable[[], None]:
+def rotating_op(
+    bind: Callable[[torch.Tensor, torch.Tensor], Callable[[], None]], ins: list[torch.Tensor], outs: list[torch.Tensor]
+) -> Callable[[], None]:
     """A zero-argument op that runs on the next (input, output) pair each time."""
     calls = [bind(i, o) for i, o in zip(ins, outs)]
     if len(calls) == 1:
@@ -201,9 +203,15 @@ class PointRunner:
         count = buffer_count(timer, nbytes, self.config.max_bytes)
         ins = [make_input(point.op, n, ctx.rank, ctx.world_size, dtype, ctx.device) for _ in range(count)]
         outs = [torch.zeros(OP_SPECS[point.op].shapes(n, ctx.world_size)[1], dtype=dtype, device=ctx.device) for _ in range(count)]
-        return Entry(point.backend, timed_op(backend, point.op, ins, outs), outs,
-                     expected_output(point.op, n, ctx.rank, ctx.world_size, dtype), lambda first_s: timer,
-                     getattr(backend, "check", None), tuple(ins))
+        return Entry(
+            point.backend,
+            timed_op(backend, point.op, ins, outs),
+            outs,
+            expected_output(point.op, n, ctx.rank, ctx.world_size, dtype),
+            lambda first_s: timer,
+            getattr(backend, "check", None),
+            tuple(ins),
+        )
 
     def measure_group(self, group: PointGroup, ready: dict[str, Backend]) -> list[PointRecord]:
         ctx, dtype = self.ctx, DTYPES[group.dtype]
@@ -215,17 +223,33 @@ class PointRunner:
             if distributed.all_true(ready[point.backend].supports(point.op, dtype, nbytes), ctx.cpu_group):
                 entries.append(self._entry(point, ready[point.backend], n))
             else:
-                records[point.backend] = PointRecord(*point.key, nbytes=nbytes, world_size=ctx.world_size, status="unsupported",
-                                                     error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes")
+                records[point.backend] = PointRecord(
+                    *point.key,
+                    nbytes=nbytes,
+                    world_size=ctx.world_size,
+                    status="unsupported",
+                    error=f"{point.backend} does not support {point.op} {point.dtype} at {nbytes} bytes",
+                )
         for name, got in self.engine.measure(entries, SweepBudget(self.config), self.baseline).items():
-            records[name] = PointRecord(name, group.op, group.dtype, group.view, group.size, nbytes=nbytes, world_size=ctx.world_size, status=got.status,
-                                        samples_us=tuple(s for r in got.rounds for s in r), error=got.error,
-                                        round_iters=tuple(len(r) for r in got.rounds))
+            records[name] = PointRecord(
+                name,
+                group.op,
+                group.dtype,
+                group.view,
+                group.size,
+                nbytes=nbytes,
+                world_size=ctx.world_size,
+                status=got.status,
+                samples_us=tuple(s for r in got.rounds for s in r),
+                error=got.error,
+                round_iters=tuple(len(r) for r in got.rounds),
+            )
         self._bitwise(group, ready, records)
         return [records[name] for name in group.backends]
 
     def _bitwise(self, group: PointGroup, ready: dict[str, Backend], records: dict[str, PointRecord]) -> None:
         """Each passing backend once more on data that rounds: whether it gives the baseline's bits (harness/bitwise.py)."""
+
         def call(name: str, inp: torch.Tensor, out: torch.Tensor) -> str:
             backend = ready[name]
             try:
@@ -241,8 +265,11 @@ class PointRunner:
 
         passed = [name for name in group.backends if records[name].status == "ok"]
         for name, found in bitwise.check(group.op, group.dtype, group.size, self.ctx, self.baseline, passed, call).items():
-            records[name] = (replace(records[name], bitwise=found) if isinstance(found, bool) else
-                             replace(records[name], status="error", samples_us=(), round_iters=(), error=f"bitwise check: {found}"))
+            records[name] = (
+                replace(records[name], bitwise=found)
+                if isinstance(found, bool)
+                else replace(records[name], status="error", samples_us=(), round_iters=(), error=f"bitwise check: {found}")
+            )
 
 
 def _progress(enabled: bool, total: int):
@@ -305,12 +332,21 @@ def run(config: SweepConfig, run_id: str | None = None, resume: str | None = Non
 
 def _new_meta(config: SweepConfig, ctx: GroupContext, run_id: str, baseline: str, hosts: list[dict]) -> RunMeta:
     return RunMeta(
-        run_id=run_id, world_size=ctx.world_size,
-        device_type=ctx.device.type, config=config.to_dict(), baseline=baseline, started=now(),
-        arxtune_version=__version__, torch_version=torch.__version__,
+        run_id=run_id,
+        world_size=ctx.world_size,
+        device_type=ctx.device.type,
+        config=config.to_dict(),
+        baseline=baseline,
+        started=now(),
+        arxtune_version=__version__,
+        torch_version=torch.__version__,
         nccl_version=nccl_version(ctx.device),
-        hostnames=[h["hostname"] for h in hosts], device_names=[h["device"] for h in hosts],
-        driver_version=hosts[0]["driver"], rdma_devices=hosts[0]["rdma_devices"], command=shlex.join(sys.argv))
+        hostnames=[h["hostname"] for h in hosts],
+        device_names=[h["device"] for h in hosts],
+        driver_version=hosts[0]["driver"],
+        rdma_devices=hosts[0]["rdma_devices"],
+        command=shlex.join(sys.argv),
+    )
 
 
 def _reopen(resume: str, ctx: GroupContext, hosts: list[dict]) -> RunWriter:
@@ -318,8 +354,10 @@ def _reopen(resume: str, ctx: GroupContext, hosts: list[dict]) -> RunWriter:
     meta = load_run(resume).meta
     here = ([h["hostname"] for h in hosts], [h["device"] for h in hosts])
     if meta.world_size != ctx.world_size or (meta.hostnames, meta.device_names) != here:
-        raise ArxtuneError(f"run {resume} was measured with {meta.world_size} ranks on {meta.hostnames} ({meta.device_names}); "
-                           f"this job is {ctx.world_size} ranks on {here[0]} ({here[1]}): resume it there, or start a new sweep")
+        raise ArxtuneError(
+            f"run {resume} was measured with {meta.world_size} ranks on {meta.hostnames} ({meta.device_names}); "
+            f"this job is {ctx.world_size} ranks on {here[0]} ({here[1]}): resume it there, or start a new sweep"
+        )
     try:
         from_mapping(meta.config)
     except ArxtuneError as exc:
@@ -327,21 +365,25 @@ def _reopen(resume: str, ctx: GroupContext, hosts: list[dict]) -> RunWriter:
     return RunWriter.resume(resume)
 
 
-def _open_writer(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, baseline: str,
-                 hosts: list[dict]) -> RunWriter:
+def _open_writer(
+    config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, baseline: str, hosts: list[dict]
+) -> RunWriter:
     if resume:
         return _reopen(resume, ctx, hosts)
     for _ in range(3):
         try:
-            return RunWriter.create(config.out, _new_meta(config, ctx, run_id or new_run_id(ctx.world_size, ctx.device.type), baseline, hosts))
+            return RunWriter.create(
+                config.out, _new_meta(config, ctx, run_id or new_run_id(ctx.world_size, ctx.device.type), baseline, hosts)
+            )
         except RunExists:
             if run_id:
                 raise
     raise ArxtuneError(f"could not pick a fresh run id in {config.out}; pass --run-id NAME")
 
 
-def _prepare(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, baseline: str,
-             hosts: list[dict]) -> tuple[RunWriter | None, tuple]:
+def _prepare(
+    config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, baseline: str, hosts: list[dict]
+) -> tuple[RunWriter | None, tuple]:
     """Rank 0 opens the run; (writer, verdict shared with every rank). Any failure becomes the verdict's error line."""
     if ctx.rank != 0:
         return None, ("", None, set(), "")
@@ -363,8 +405,9 @@ def _nccl_used(ctx: GroupContext, capture: LogCapture | None) -> list[dict] | No
     return distributed.gather_objects(mine, ctx.cpu_group)
 
 
-def _run(config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, progress: bool,
-         nccl_log: LogCapture | None = None) -> Path:
+def _run(
+    config: SweepConfig, ctx: GroupContext, run_id: str | None, resume: str | None, progress: bool, nccl_log: LogCapture | None = None
+) -> Path:
     baseline = config.baseline or default_baseline(ctx.device)
     hosts = distributed.gather_objects(distributed.describe_host(ctx), ctx.cpu_group)
     writer, verdict = _prepare(config, ctx, run_id, resume, baseline, hosts)

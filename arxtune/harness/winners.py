@@ -33,8 +33,9 @@ MIN_RUN = 2
 
 def _times(row) -> PointTimes:
     rounds = row.get("round_medians_us")
-    return PointTimes(float(row.median_us), tuple(rounds) if isinstance(rounds, (tuple, list)) else (),
-                      float(row.ci_low_us), float(row.ci_high_us))
+    return PointTimes(
+        float(row.median_us), tuple(rounds) if isinstance(rounds, (tuple, list)) else (), float(row.ci_low_us), float(row.ci_high_us)
+    )
 
 
 def clearly_faster(challenger, base, margin: float) -> bool:
@@ -82,10 +83,15 @@ def bridged(choices: list[str], baseline: str, faster: list[set[str]], min_run: 
     sizes where `faster` (per size: the backends whose median beats the baseline's by the margin) has it."""
     result = list(choices)
     for start, end in _runs(choices):
-        if (choices[start] == baseline and end - start + 1 < min_run and 0 < start and end + 1 < len(choices)
-                and choices[start - 1] == choices[end + 1] != baseline
-                and all(choices[start - 1] in faster[i] for i in range(start, end + 1))):
-            result[start:end + 1] = [choices[start - 1]] * (end - start + 1)
+        if (
+            choices[start] == baseline
+            and end - start + 1 < min_run
+            and 0 < start
+            and end + 1 < len(choices)
+            and choices[start - 1] == choices[end + 1] != baseline
+            and all(choices[start - 1] in faster[i] for i in range(start, end + 1))
+        ):
+            result[start : end + 1] = [choices[start - 1]] * (end - start + 1)
     return result
 
 

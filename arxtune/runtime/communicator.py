@@ -61,8 +61,15 @@ def context_from_torch(device: torch.device | None = None, group=None, options: 
     cpu_group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
     _OWN_GROUPS.add(cpu_group)
     local_rank = int(os.environ.get("LOCAL_RANK", device.index or 0))
-    return GroupContext(dist.get_rank(group), dist.get_world_size(group), local_rank, device, cpu_group,
-                        None if device.type == "cpu" else group, options or {})
+    return GroupContext(
+        dist.get_rank(group),
+        dist.get_world_size(group),
+        local_rank,
+        device,
+        cpu_group,
+        None if device.type == "cpu" else group,
+        options or {},
+    )
 
 
 def _end_group(group) -> None:
@@ -92,8 +99,13 @@ class _Closed:
 class Communicator:
     """Calls go to the backend arxtune.runtime.router picks; the baseline serves the rest (and is counted as such)."""
 
-    def __init__(self, ctx: GroupContext, thresholds: str | Path | Thresholds | None = None, baseline: str | None = None,
-                 capturing: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        ctx: GroupContext,
+        thresholds: str | Path | Thresholds | None = None,
+        baseline: str | None = None,
+        capturing: Callable[[], bool] | None = None,
+    ):
         self.ctx = ctx
         loaded = load_for_group(ctx, thresholds)
         # The baseline asked for, else the file's where it can run here, else this device's torch.distributed backend.
@@ -123,8 +135,13 @@ class Communicator:
         return self.dispatch.started.router
 
     @classmethod
-    def from_env(cls, thresholds: str | Path | Thresholds | None = None, device: torch.device | None = None, group=None,
-                 capturing: Callable[[], bool] | None = None) -> "Communicator":
+    def from_env(
+        cls,
+        thresholds: str | Path | Thresholds | None = None,
+        device: torch.device | None = None,
+        group=None,
+        capturing: Callable[[], bool] | None = None,
+    ) -> "Communicator":
         ctx = context_from_torch(device, group)
         try:
             return cls(ctx, thresholds, capturing=capturing)

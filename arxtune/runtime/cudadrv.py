@@ -37,10 +37,19 @@ class CudaError(RuntimeError):
 class LaunchStruct(ctypes.Structure):
     """arxtune_launch_t in cuda_launch.c."""
 
-    _fields_ = [("launch", ctypes.c_void_p), ("set_ctx", ctypes.c_void_p), ("ctx", ctypes.c_void_p),
-                ("func", ctypes.c_void_p), ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3),
-                ("shared", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("params", ctypes.c_void_p),
-                ("asleep", ctypes.c_void_p), ("wake", ctypes.c_void_p)]
+    _fields_ = [
+        ("launch", ctypes.c_void_p),
+        ("set_ctx", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p),
+        ("func", ctypes.c_void_p),
+        ("grid", ctypes.c_uint32 * 3),
+        ("block", ctypes.c_uint32 * 3),
+        ("shared", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("params", ctypes.c_void_p),
+        ("asleep", ctypes.c_void_p),
+        ("wake", ctypes.c_void_p),
+    ]
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,9 +143,18 @@ class Launch:
     `wake` = (asleep, wake) addresses of a proxy's futex words to wake before the launch, or None.
     `entries` = (cuLaunchKernel, cuCtxSetCurrent) addresses; tests pass fakes."""
 
-    def __init__(self, func: int, grid: Sequence[int], block: Sequence[int], shared: int, sizes: Sequence[int],
-                 values: Sequence[int], ctx: int | None = None, wake: tuple[int, int] | None = None,
-                 entries: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        func: int,
+        grid: Sequence[int],
+        block: Sequence[int],
+        shared: int,
+        sizes: Sequence[int],
+        values: Sequence[int],
+        ctx: int | None = None,
+        wake: tuple[int, int] | None = None,
+        entries: tuple[int, int] | None = None,
+    ):
         launch, set_ctx = entries or (entry("cuLaunchKernel"), entry("cuCtxSetCurrent"))
         self._storage, self._pointers = pack_slots(sizes, values)
         s = self.struct = LaunchStruct()
@@ -189,8 +207,7 @@ def burst(launches: Sequence[Launch], calls: int, stream: int, before: Launch | 
     handles = (event_handle(start), event_handle(end)) if record else (None, None)
     if start is not None and record is None:
         start.record()
-    rc = c_entry("arxtune_launch_burst")(array, len(launches), calls, before.address if before else None, stream,
-                                          record, *handles)
+    rc = c_entry("arxtune_launch_burst")(array, len(launches), calls, before.address if before else None, stream, record, *handles)
     if start is not None and record is None:
         end.record()
     check(rc, "a burst of kernel launches")

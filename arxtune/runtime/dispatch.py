@@ -39,8 +39,9 @@ def default_thresholds_path() -> Path:
     return Path(env.THRESHOLDS.get() or Path.home() / ".config" / "arxtune" / "thresholds.json")
 
 
-def read_thresholds(world_size: int, source: str | Path | Thresholds | None = None,
-                    model_dtype: torch.dtype | None = None) -> tuple[Thresholds | None, Path | None, str]:
+def read_thresholds(
+    world_size: int, source: str | Path | Thresholds | None = None, model_dtype: torch.dtype | None = None
+) -> tuple[Thresholds | None, Path | None, str]:
     """(thresholds, path, why not) for a group of `world_size`, without raising.
 
     A missing, malformed or unknown-version file, one with no table for this
@@ -54,8 +55,11 @@ def read_thresholds(world_size: int, source: str | Path | Thresholds | None = No
     else:
         path = Path(source) if source else default_thresholds_path()
         if not source and not path.is_file():
-            return None, path, (f"no thresholds file at {path} (set {env.THRESHOLDS.name}, or write one with "
-                                "`arxtune calibrate RUN --install`)")
+            return (
+                None,
+                path,
+                (f"no thresholds file at {path} (set {env.THRESHOLDS.name}, or write one with `arxtune calibrate RUN --install`)"),
+            )
         try:
             thresholds = check_names(load(path), str(path))
         except ArxtuneError as exc:
@@ -114,8 +118,7 @@ class Loaded:
         return None if self.why else self.file
 
 
-def load_for_group(ctx: GroupContext, source: str | Path | Thresholds | None = None,
-                   model_dtype: torch.dtype | None = None) -> Loaded:
+def load_for_group(ctx: GroupContext, source: str | Path | Thresholds | None = None, model_dtype: torch.dtype | None = None) -> Loaded:
     """Read the file on every rank and agree on one verdict (a collective on ctx.cpu_group)."""
     thresholds, path, why = read_thresholds(ctx.world_size, source, model_dtype)
     return Loaded(thresholds, path, agree(thresholds, why, ctx.cpu_group))
@@ -220,8 +223,17 @@ class Dispatch:
             thresholds, ready, outcome = self._ladder(policy, thresholds, also_open, caller.candidates, caller.own_path or preferred)
         verdict = fingerprint_verdict(thresholds, ctx)
         in_force = None if verdict.refused else thresholds
-        opened = open_router(in_force, ctx, caller.own_path or wanted, native, caller.capturing or capture_check(ctx.device), also_open,
-                             ready=ready, excluded=outcome.failed if outcome else None, fingerprint=verdict.line)
+        opened = open_router(
+            in_force,
+            ctx,
+            caller.own_path or wanted,
+            native,
+            caller.capturing or capture_check(ctx.device),
+            also_open,
+            ready=ready,
+            excluded=outcome.failed if outcome else None,
+            fingerprint=verdict.line,
+        )
         self.opened = opened
         baseline = "" if caller.own_path else opened.router.fallback
         if baseline and baseline not in opened.backends:
@@ -239,8 +251,9 @@ class Dispatch:
             line += f", verify off ({env.VERIFY.name}: no baseline could open to compare with)"
         self.started = Started(loaded, in_force, verdict, baseline, router, line, problems, outcome)
 
-    def _ladder(self, policy: str, thresholds: Thresholds | None, also_open: tuple[str, ...], candidates: bool,
-                fallback: str) -> tuple[Thresholds | None, tuple[dict, dict], ladder.Outcome]:
+    def _ladder(
+        self, policy: str, thresholds: Thresholds | None, also_open: tuple[str, ...], candidates: bool, fallback: str
+    ) -> tuple[Thresholds | None, tuple[dict, dict], ladder.Outcome]:
         """Open what the ladder times, run it, and hand the opened backends to the router; any failure keeps the file."""
         ctx = self.ctx
         since, left = None, {}
@@ -263,7 +276,9 @@ class Dispatch:
         if left:
             outcome.line += "; left out " + ", ".join(
                 f"{name} (opening it imports {framework}, which this process has not: name it in {env.OVERRIDES.name} "
-                f"or import {framework} first)" for name, framework in left.items())
+                f"or import {framework} first)"
+                for name, framework in left.items()
+            )
         return outcome.thresholds if policy == "adjust" else thresholds, (opened, status), outcome
 
     @property
@@ -350,6 +365,14 @@ class Verifier:
         nbytes = OP_SPECS[op].tensor_nbytes(tensor.nbytes, dispatch.ctx.world_size)
         what = f"{env.VERIFY.name}, call {count} at {format_bytes(nbytes)}: rank {rank}: {why}"
         if dispatch.router.exclude(name, op, dtype, what) and dispatch.ctx.rank == 0:
-            log.warning("arxtune: %s gave a wrong %s/%s result (%s); it serves no %s/%s call for the rest of this process "
-                        "(they go to %s)", name, op, dtype, what, op, dtype, dispatch.router.fallback)
+            log.warning(
+                "arxtune: %s gave a wrong %s/%s result (%s); it serves no %s/%s call for the rest of this process (they go to %s)",
+                name,
+                op,
+                dtype,
+                what,
+                op,
+                dtype,
+                dispatch.router.fallback,
+            )
         return want

@@ -46,42 +46,81 @@ def _declare(name: str, default: str, meaning: str, choices: tuple[str, ...] = (
 
 
 # -- the runtime: which file, how it is trusted, what is overridden
-THRESHOLDS = _declare("ARXTUNE_THRESHOLDS", "", "the thresholds file the communicator and the vLLM plugin load "
-                      "(default ~/.config/arxtune/thresholds.json, where `arxtune calibrate RUN --install` writes)")
-OVERRIDES = _declare("ARXTUNE_OVERRIDES", "", "ranges laid over the calibrated tables: OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, "
-                     "items separated by ',' or ';'", agreed=True)
-FINGERPRINT = _declare("ARXTUNE_FINGERPRINT", "warn", "warn: name what differs from the run a file was measured on and use it; "
-                       "strict: fall back to the baseline instead", ("warn", "strict"), agreed=True)
-EXTRA_BACKENDS = _declare("ARXTUNE_EXTRA_BACKENDS", "", "site backends added to the registry: name=package.module:Class, ...",
-                          agreed=True)
+THRESHOLDS = _declare(
+    "ARXTUNE_THRESHOLDS",
+    "",
+    "the thresholds file the communicator and the vLLM plugin load "
+    "(default ~/.config/arxtune/thresholds.json, where `arxtune calibrate RUN --install` writes)",
+)
+OVERRIDES = _declare(
+    "ARXTUNE_OVERRIDES",
+    "",
+    "ranges laid over the calibrated tables: OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, items separated by ',' or ';'",
+    agreed=True,
+)
+FINGERPRINT = _declare(
+    "ARXTUNE_FINGERPRINT",
+    "warn",
+    "warn: name what differs from the run a file was measured on and use it; strict: fall back to the baseline instead",
+    ("warn", "strict"),
+    agreed=True,
+)
+EXTRA_BACKENDS = _declare("ARXTUNE_EXTRA_BACKENDS", "", "site backends added to the registry: name=package.module:Class, ...", agreed=True)
 # -- the start-up ladder (arxtune.runtime.ladder)
-BOOT = _declare("ARXTUNE_BOOT", "check", "off: trust the thresholds file; check: time each boundary on the live group at "
-                "start-up and say whether it held; adjust: also move a contradicted boundary (and, with no file, build tables)",
-                agreed=True)
-BOOT_BUDGET_S = _declare("ARXTUNE_BOOT_BUDGET_S", "1", "seconds the start-up ladder may spend in all, opening the "
-                         "backends it alone needs included (their own timeouts come on top)", agreed=True)
+BOOT = _declare(
+    "ARXTUNE_BOOT",
+    "check",
+    "off: trust the thresholds file; check: time each boundary on the live group at "
+    "start-up and say whether it held; adjust: also move a contradicted boundary (and, with no file, build tables)",
+    agreed=True,
+)
+BOOT_BUDGET_S = _declare(
+    "ARXTUNE_BOOT_BUDGET_S",
+    "1",
+    "seconds the start-up ladder may spend in all, opening the backends it alone needs included (their own timeouts come on top)",
+    agreed=True,
+)
 BOOT_OUT = _declare("ARXTUNE_BOOT_OUT", "", "where rank 0 writes the ladder's run (default ~/.cache/arxtune/boot/)")
 # -- serving
-VERIFY = _declare("ARXTUNE_VERIFY", "", "N: every Nth call of each backend is made again through the baseline and "
-                  "compared; one that differs serves nothing of that op and dtype for the rest of the process (default: off)",
-                  agreed=True)
+VERIFY = _declare(
+    "ARXTUNE_VERIFY",
+    "",
+    "N: every Nth call of each backend is made again through the baseline and "
+    "compared; one that differs serves nothing of that op and dtype for the rest of the process (default: off)",
+    agreed=True,
+)
 # -- the vLLM plugin
 VLLM_DISABLE = _declare("ARXTUNE_VLLM_DISABLE", "", "1: the plugin installs nothing and vLLM keeps its own communicator")
-VLLM_LOG = _declare("ARXTUNE_VLLM_LOG", "info", "what the plugin logs: info (start-up line and warnings), calls (also one "
-                    "line per TP call), warning, error")
+VLLM_LOG = _declare(
+    "ARXTUNE_VLLM_LOG", "info", "what the plugin logs: info (start-up line and warnings), calls (also one line per TP call), warning, error"
+)
 # -- devices and native code
-REQUIRE_GPU = _declare("ARXTUNE_REQUIRE_GPU", "0", "1: the GPU tier (tests/gpu) fails where no CUDA GPU would make it skip "
-                       "(scripts/gpu-arxg.sh sets it)", ("0", "1"))
+REQUIRE_GPU = _declare(
+    "ARXTUNE_REQUIRE_GPU",
+    "0",
+    "1: the GPU tier (tests/gpu) fails where no CUDA GPU would make it skip (scripts/gpu-arxg.sh sets it)",
+    ("0", "1"),
+)
 DEVICE = _declare("ARXTUNE_DEVICE", "", "cpu: use CPU tensors even where GPUs exist")
 NCCL_LIBRARY = _declare("ARXTUNE_NCCL_LIBRARY", "", "the libnccl.so the nccl backend binds (default: the one torch loaded)")
 NCCL_LOOP = _declare("ARXTUNE_NCCL_LOOP", "c", "python: launch nccl's eager samples from Python instead of its C loop", ("c", "python"))
 ARXG_NATIVE = _declare("ARXTUNE_ARXG_NATIVE", "1", "0: arxg's proxy steps in Python instead of its C loop", ("0", "1"))
-ARXG_KERNELS = _declare("ARXTUNE_ARXG_KERNELS", "", "directories of arxg kernel builds made elsewhere (python -m "
-                        "arxtune.runtime.rdma.graph.aot), searched before the cache; separated by ':'")
-ARXG_SPIN_US = _declare("ARXTUNE_ARXG_SPIN_US", "5000", "microseconds arxg's proxy polls for the next step after its "
-                        "last one (a CPU core each while it polls) before it blocks")
-ARXG_NAP_US = _declare("ARXTUNE_ARXG_NAP_US", "100", "once blocked, arxg's proxy looks for a step at least this often "
-                       "(microseconds); an eager call wakes it at once")
+ARXG_KERNELS = _declare(
+    "ARXTUNE_ARXG_KERNELS",
+    "",
+    "directories of arxg kernel builds made elsewhere (python -m "
+    "arxtune.runtime.rdma.graph.aot), searched before the cache; separated by ':'",
+)
+ARXG_SPIN_US = _declare(
+    "ARXTUNE_ARXG_SPIN_US",
+    "5000",
+    "microseconds arxg's proxy polls for the next step after its last one (a CPU core each while it polls) before it blocks",
+)
+ARXG_NAP_US = _declare(
+    "ARXTUNE_ARXG_NAP_US",
+    "100",
+    "once blocked, arxg's proxy looks for a step at least this often (microseconds); an eager call wakes it at once",
+)
 # -- the arx RDMA transport (arxtune.runtime.rdma.config)
 RDMA_DEVICES = _declare("ARXTUNE_RDMA_DEVICES", "", "RDMA devices to use, comma-separated (default: every active RoCE v2 port)")
 RDMA_PORT = _declare("ARXTUNE_RDMA_PORT", "", "the RDMA device port (default 1)")

@@ -55,7 +55,7 @@ def rounds_needed(n: int) -> int:
     tail = 0
     for k in range(n, -1, -1):
         tail += math.comb(n, k)
-        if tail / 2 ** n > SIGN_ALPHA:
+        if tail / 2**n > SIGN_ALPHA:
             return min(n, k + 1)
     return n
 

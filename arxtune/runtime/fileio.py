@@ -79,8 +79,9 @@ def read_text(path: str | Path, what: str, limit: int = SMALL_FILE_BYTES) -> str
     if len(data) > limit:
         raise ArxtuneError(f"{what} {path} is larger than {limit >> 20} MiB; it is not an arxtune file")
     if data.startswith(b"\xef\xbb\xbf"):
-        raise ArxtuneError(f"{what} {path} starts with a UTF-8 byte-order mark, which TOML and JSON do not allow; "
-                           "save it as UTF-8 without one")
+        raise ArxtuneError(
+            f"{what} {path} starts with a UTF-8 byte-order mark, which TOML and JSON do not allow; save it as UTF-8 without one"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -266,16 +267,32 @@ def is_run_dir(path: str | Path) -> bool:
 
 def check_name(name: str, what: str) -> str:
     """A directory name made inside a chosen folder: one plain path component, never a path that leaves it."""
-    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
-            or name.startswith(".") or len(name) > MAX_NAME or not name.isprintable()):
-        raise ArxtuneError(f"{what} {name!r} must be a plain name (no '/', not starting with '.', printable, at most {MAX_NAME} characters); "
-                           "choose the folder with --out")
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or name.startswith(".")
+        or len(name) > MAX_NAME
+        or not name.isprintable()
+    ):
+        raise ArxtuneError(
+            f"{what} {name!r} must be a plain name (no '/', not starting with '.', printable, at most {MAX_NAME} characters); "
+            "choose the folder with --out"
+        )
     return name
 
 
 def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return kind
     return "not a regular file"
@@ -288,8 +305,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-def check_output(path: str | Path, what: str, inputs: Iterable[str | Path] = (),
-                 replaces: Callable[[Path], bool] | None = None) -> Path:
+def check_output(path: str | Path, what: str, inputs: Iterable[str | Path] = (), replaces: Callable[[Path], bool] | None = None) -> Path:
     """Refuse, before anything is written, an output that would destroy something or cannot be written.
 
     `inputs`: files (or directories, meaning every file in them) the command reads; `replaces(path)`: whether
@@ -364,8 +380,9 @@ class WriterLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise ArxtuneError(f"{self.what} is being written by {holder(self.path)}; wait for it to end or stop it, "
-                                   "then try again") from None
+                raise ArxtuneError(
+                    f"{self.what} is being written by {holder(self.path)}; wait for it to end or stop it, then try again"
+                ) from None
             except OSError as exc:  # ENOLCK: this filesystem has no locks
                 os.close(fd)
                 (warn or _warn)(f"arxtune: cannot lock {self.path} ({_reason(exc)}); make sure no other sweep writes {self.what}")
@@ -375,10 +392,12 @@ class WriterLock:
             os.close(fd)  # the file we locked was removed by the writer before us as it let go: lock the new one
         before = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
         if before:
-            (warn or _warn)(f"arxtune: {self.what}: taking over from {_describe(before)}, which no longer holds it "
-                            "(it ended without letting go)")
-        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                         "since": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+            (warn or _warn)(
+                f"arxtune: {self.what}: taking over from {_describe(before)}, which no longer holds it (it ended without letting go)"
+            )
+        me = json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        )
         os.ftruncate(fd, 0)
         os.pwrite(fd, (me + "\n").encode(), 0)
         self._fd = fd

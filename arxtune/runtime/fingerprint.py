@@ -77,7 +77,12 @@ def nccl_version(device: torch.device) -> str | None:
 def running_fingerprint(world_size: int, device: torch.device, hosts: list[dict]) -> Fingerprint:
     """The fingerprint of a running group from every rank's host_facts()."""
     return Fingerprint(
-        world_size=world_size, device_type=device.type, hostnames=tuple(h["hostname"] for h in hosts),
-        device_names=tuple(h["device"] for h in hosts), driver_version=hosts[0].get("driver"),
-        torch_version=torch.__version__, nccl_version=nccl_version(device),
-        rdma_devices=tuple(sorted({d for h in hosts for d in h.get("rdma_devices", [])})))
+        world_size=world_size,
+        device_type=device.type,
+        hostnames=tuple(h["hostname"] for h in hosts),
+        device_names=tuple(h["device"] for h in hosts),
+        driver_version=hosts[0].get("driver"),
+        torch_version=torch.__version__,
+        nccl_version=nccl_version(device),
+        rdma_devices=tuple(sorted({d for h in hosts for d in h.get("rdma_devices", [])})),
+    )

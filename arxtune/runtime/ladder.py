@@ -150,8 +150,12 @@ class Boundary:
 
 def boundaries(tables: list[Table]) -> list[Boundary]:
     """Every hand-over between two different backends in `tables`, in table order."""
-    return [Boundary(t.mode, t.op, t.dtype, b.lo, a.backend, b.backend, a.lo, b.hi)
-            for t in tables for a, b in zip(t.ranges, t.ranges[1:]) if a.backend != b.backend]
+    return [
+        Boundary(t.mode, t.op, t.dtype, b.lo, a.backend, b.backend, a.lo, b.hi)
+        for t in tables
+        for a, b in zip(t.ranges, t.ranges[1:])
+        if a.backend != b.backend
+    ]
 
 
 def probe_sizes(boundary: Boundary, op: str, world: int, itemsize: int) -> list[int]:
@@ -217,7 +221,7 @@ def move_boundary(ranges: tuple[Range, ...], at: int, new: int) -> tuple[Range, 
         return ranges
     a, b = ranges[i - 1], ranges[i]
     new = max(new, a.lo) if b.hi is None else min(max(new, a.lo), b.hi)
-    out = list(ranges[:i - 1]) + [Range(a.lo, new, a.backend, "measured"), Range(new, b.hi, b.backend, "measured")] + list(ranges[i + 1:])
+    out = list(ranges[: i - 1]) + [Range(a.lo, new, a.backend, "measured"), Range(new, b.hi, b.backend, "measured")] + list(ranges[i + 1 :])
     return merge_adjacent([r for r in out if r.hi is None or r.hi > r.lo])
 
 
@@ -236,8 +240,11 @@ class Judged:
         b = self.boundary
         where = f"{b.op}/{b.dtype}{'' if b.mode == 'eager' else '@' + b.mode} {b.below}|{b.above}"
         if self.verdict == "moved":
-            return f"{where} {format_bytes(b.at)} -> {format_bytes(self.new)}" if adjust else \
-                f"{where} {format_bytes(b.at)} contradicted (ladder: {format_bytes(self.new)})"
+            return (
+                f"{where} {format_bytes(b.at)} -> {format_bytes(self.new)}"
+                if adjust
+                else f"{where} {format_bytes(b.at)} contradicted (ladder: {format_bytes(self.new)})"
+            )
         return f"{where} {format_bytes(b.at)} {self.verdict}" + (f" ({self.why})" if self.why else "")
 
 
@@ -252,8 +259,10 @@ def judge(boundary: Boundary, sizes: list[int], points: dict[int, dict[str, Meas
     wins = [winner(boundary.choice(s), [boundary.below, boundary.above], points[s], margin) for s in measured]
     if all(w == boundary.choice(s) for w, s in zip(wins, measured)):
         return Judged(boundary, "held")
-    evidence = "; ".join(f"{format_bytes(s)}: " + ", ".join(
-        f"{name} {_show(points[s].get(name))}" for name in (boundary.below, boundary.above)) for s in measured)
+    evidence = "; ".join(
+        f"{format_bytes(s)}: " + ", ".join(f"{name} {_show(points[s].get(name))}" for name in (boundary.below, boundary.above))
+        for s in measured
+    )
     new = placed(measured, wins, boundary.below, boundary.above)
     if new is None:
         return Judged(boundary, "unclear", why="the winners interleave", evidence=evidence)
@@ -281,8 +290,11 @@ def adjusted(thresholds: Thresholds, verdicts: list[Judged], world: int) -> Thre
 
 def coarse_tables(world: int, choices: dict[tuple[str, str], list[tuple[int, str]]], run_id: str) -> tuple[Table, ...]:
     """Tables from the coarse ladder's (size, winner) per (op, dtype), boundaries placed as calibrate places them."""
-    return tuple(Table(op, dtype, world, ranges_from_points([(float(s), w, "measured") for s, w in points]), "eager", run_id, "eager")
-                 for (op, dtype), points in sorted(choices.items()) if points)
+    return tuple(
+        Table(op, dtype, world, ranges_from_points([(float(s), w, "measured") for s, w in points]), "eager", run_id, "eager")
+        for (op, dtype), points in sorted(choices.items())
+        if points
+    )
 
 
 # -- measuring on the group
@@ -291,8 +303,9 @@ def coarse_tables(world: int, choices: dict[tuple[str, str], list[tuple[int, str
 class Prober:
     """Times backends at one (op, dtype, view, size) on the group, within the budget; every rank calls it alike."""
 
-    def __init__(self, ctx: GroupContext, backends: dict[str, Backend], budget: float, margin: float = DEFAULT_MARGIN,
-                 start: float | None = None):
+    def __init__(
+        self, ctx: GroupContext, backends: dict[str, Backend], budget: float, margin: float = DEFAULT_MARGIN, start: float | None = None
+    ):
         self.ctx = ctx
         self.backends = backends
         self.budget = budget
@@ -304,8 +317,9 @@ class Prober:
         """Seconds since the ladder began, the slowest rank's (so every rank decides alike)."""
         return all_max(time.monotonic() - self.start, self.ctx.cpu_group)
 
-    def measure(self, names: list[str], op: str, dtype: str, view: str, nbytes: int, share_s: float,
-                incumbent: str | None = None) -> dict[str, Measured] | None:
+    def measure(
+        self, names: list[str], op: str, dtype: str, view: str, nbytes: int, share_s: float, incumbent: str | None = None
+    ) -> dict[str, Measured] | None:
         """Each named backend at this size, or None when the budget is spent (then on every rank).
         Where `incumbent` and a challenger are close after the rounds, more rounds follow (within bounds)."""
         key = lambda name: (name, op, dtype, view, nbytes)  # noqa: E731
@@ -319,8 +333,7 @@ class Prober:
             return None
         return {n: self.points[key(n)] for n in names}
 
-    def _measure(self, names: list[str], op: str, dtype: str, view: str, nbytes: int, share_s: float,
-                 incumbent: str | None = None) -> None:
+    def _measure(self, names: list[str], op: str, dtype: str, view: str, nbytes: int, share_s: float, incumbent: str | None = None) -> None:
         ctx, torch_dtype = self.ctx, DTYPES[dtype]
         n = elements_per_rank(op, nbytes, ctx.world_size, torch_dtype.itemsize)
         inp = make_input(op, n, ctx.rank, ctx.world_size, torch_dtype, ctx.device)
@@ -405,8 +418,17 @@ def modes_for(device: torch.device) -> tuple[str, ...]:
     return tuple(m for m in VIEW_OF_MODE if has_timer(device, VIEW_OF_MODE[m]))
 
 
-def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Backend], status: dict[str, dict],
-        policy: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...] = (), since: float | None = None) -> Outcome:
+def run(
+    ctx: GroupContext,
+    thresholds: Thresholds | None,
+    backends: dict[str, Backend],
+    status: dict[str, dict],
+    policy: str,
+    candidates: tuple[str, ...],
+    baseline: str,
+    dtypes: tuple[str, ...] = (),
+    since: float | None = None,
+) -> Outcome:
     """The whole ladder on an opened group (a collective on ctx.cpu_group); rank 0's verdict for every rank.
 
     `backends` are open on every rank (agreed); `candidates` are what a
@@ -426,8 +448,9 @@ def run(ctx: GroupContext, thresholds: Thresholds | None, backends: dict[str, Ba
     if ctx.rank == 0:
         for warning in outcome.warnings:
             log.warning("arxtune: %s", warning)
-        outcome.run_path = write_run(ctx, prober, thresholds.baseline if thresholds else baseline, started, status, policy,
-                                     [facts for _, facts in answers])
+        outcome.run_path = write_run(
+            ctx, prober, thresholds.baseline if thresholds else baseline, started, status, policy, [facts for _, facts in answers]
+        )
     return outcome
 
 
@@ -462,14 +485,25 @@ def _reason(status: dict, names: list[str]) -> str:
 
 def _verdict_outcome(thresholds: Thresholds, verdicts: list[Judged], policy: str, world: int) -> Outcome:
     counts = {v: sum(j.verdict == v for j in verdicts) for v in ("held", "moved", "unclear", "out", "not judged")}
-    warnings = [f"start-up ladder contradicts {j.boundary.describe()}: the other side wins ({j.evidence})"
-                + ("; moved to " + format_bytes(j.new) if policy == "adjust" else
-                   f"; the file is used as it is ({env.BOOT.name}=adjust would move it to {format_bytes(j.new)})")
-                for j in verdicts if j.verdict == "moved"]
+    warnings = [
+        f"start-up ladder contradicts {j.boundary.describe()}: the other side wins ({j.evidence})"
+        + (
+            "; moved to " + format_bytes(j.new)
+            if policy == "adjust"
+            else f"; the file is used as it is ({env.BOOT.name}=adjust would move it to {format_bytes(j.new)})"
+        )
+        for j in verdicts
+        if j.verdict == "moved"
+    ]
     if not verdicts:
         return Outcome(thresholds, f"ladder {policy}: no boundary to check")
-    said = {"held": "held", "moved": "moved" if policy == "adjust" else "contradicted", "unclear": "unclear", "out": "out",
-            "not judged": "not judged"}
+    said = {
+        "held": "held",
+        "moved": "moved" if policy == "adjust" else "contradicted",
+        "unclear": "unclear",
+        "out": "out",
+        "not judged": "not judged",
+    }
     head = ", ".join(f"{n} {said[v]}" for v, n in counts.items() if n)
     detail = "; ".join(j.describe(policy == "adjust") for j in verdicts)
     moved = any(j.verdict == "moved" for j in verdicts)
@@ -477,8 +511,7 @@ def _verdict_outcome(thresholds: Thresholds, verdicts: list[Judged], policy: str
     return Outcome(use, f"ladder {policy}: {len(verdicts)} boundaries, {head} ({detail})", warnings)
 
 
-def _build(ctx: GroupContext, prober: Prober, policy: str, candidates: tuple[str, ...], baseline: str,
-           dtypes: tuple[str, ...]) -> Outcome:
+def _build(ctx: GroupContext, prober: Prober, policy: str, candidates: tuple[str, ...], baseline: str, dtypes: tuple[str, ...]) -> Outcome:
     """No file: under `adjust`, tables from the coarse grid between the baseline and each candidate."""
     if policy != "adjust":
         return Outcome(None, f"ladder {policy}: no thresholds file, nothing to check ({env.BOOT.name}=adjust builds tables)")
@@ -501,18 +534,23 @@ def _build(ctx: GroupContext, prober: Prober, policy: str, candidates: tuple[str
     run_id = "boot"
     tables = coarse_tables(ctx.world_size, choices, run_id)
     built = Thresholds(baseline, DEFAULT_MARGIN, {"source": "start-up ladder", "grid": list(COARSE_GRID)}, tables)
-    taken = "; ".join(f"{t.op}/{t.dtype} " + ", ".join(f"[{format_bytes(r.lo)}, {'inf' if r.hi is None else format_bytes(r.hi)}) {r.backend}"
-                                                         for r in t.ranges) for t in tables)
+    taken = "; ".join(
+        f"{t.op}/{t.dtype} "
+        + ", ".join(f"[{format_bytes(r.lo)}, {'inf' if r.hi is None else format_bytes(r.hi)}) {r.backend}" for r in t.ranges)
+        for t in tables
+    )
     measured = sum(len(p) for p in choices.values())
-    return Outcome(built, f"ladder adjust: no thresholds file; built {len(tables)} eager tables from {measured} of {len(plan)} "
-                          f"sizes ({taken})")
+    return Outcome(
+        built, f"ladder adjust: no thresholds file; built {len(tables)} eager tables from {measured} of {len(plan)} sizes ({taken})"
+    )
 
 
 # -- evidence
 
 
-def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, status: dict, policy: str,
-              hosts: list[dict] | None = None) -> str:
+def write_run(
+    ctx: GroupContext, prober: Prober, baseline: str, started: str, status: dict, policy: str, hosts: list[dict] | None = None
+) -> str:
     """What was measured, as a run in the results format (runtime.runs); a failure is a warning."""
     from arxtune import __version__
 
@@ -522,17 +560,46 @@ def write_run(ctx: GroupContext, prober: Prober, baseline: str, started: str, st
     run_id = f"boot-w{ctx.world_size}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}"
     used = {name for (name, *_), _ in records}
     meta = runs.RunMeta(
-        run_id=run_id, world_size=ctx.world_size, device_type=ctx.device.type, config={"step_factor": 2.0}, baseline=baseline,
-        started=started, finished=runs.now(), arxtune_version=__version__, torch_version=torch.__version__,
-        nccl_version=nccl_version(ctx.device), driver_version=hosts[0]["driver"] if hosts else None,
-        rdma_devices=hosts[0]["rdma_devices"] if hosts else [], hostnames=[h["hostname"] for h in hosts or []],
-        device_names=[h["device"] for h in hosts or []], command=f"start-up ladder ({env.BOOT.name}={policy})",
-        backends={name: {k: v for k, v in status.get(name, {"available": True, "reason": ""}).items()
-                         if k in ("available", "reason", "capturable", "ops", "capacity", "options")} for name in sorted(used)})
-    points = [runs.PointRecord(name, op, dtype, view, nbytes, nbytes, ctx.world_size, got.status,
-                               tuple(s for r in got.rounds for s in r) if got.ok else (), " ".join(got.error.split()),
-                               tuple(len(r) for r in got.rounds) if got.ok else ())
-              for (name, op, dtype, view, nbytes), got in records]
+        run_id=run_id,
+        world_size=ctx.world_size,
+        device_type=ctx.device.type,
+        config={"step_factor": 2.0},
+        baseline=baseline,
+        started=started,
+        finished=runs.now(),
+        arxtune_version=__version__,
+        torch_version=torch.__version__,
+        nccl_version=nccl_version(ctx.device),
+        driver_version=hosts[0]["driver"] if hosts else None,
+        rdma_devices=hosts[0]["rdma_devices"] if hosts else [],
+        hostnames=[h["hostname"] for h in hosts or []],
+        device_names=[h["device"] for h in hosts or []],
+        command=f"start-up ladder ({env.BOOT.name}={policy})",
+        backends={
+            name: {
+                k: v
+                for k, v in status.get(name, {"available": True, "reason": ""}).items()
+                if k in ("available", "reason", "capturable", "ops", "capacity", "options")
+            }
+            for name in sorted(used)
+        },
+    )
+    points = [
+        runs.PointRecord(
+            name,
+            op,
+            dtype,
+            view,
+            nbytes,
+            nbytes,
+            ctx.world_size,
+            got.status,
+            tuple(s for r in got.rounds for s in r) if got.ok else (),
+            " ".join(got.error.split()),
+            tuple(len(r) for r in got.rounds) if got.ok else (),
+        )
+        for (name, op, dtype, view, nbytes), got in records
+    ]
     try:
         return str(runs.write_run(out_dir(), meta, points))
     except Exception as exc:  # evidence is worth a warning, never a failed start-up

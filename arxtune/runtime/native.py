@@ -40,8 +40,7 @@ def build(source: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # processes may build at once: rename into place
     os.close(fd)
     try:
-        result = subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(source)], capture_output=True,
-                                text=True, timeout=120)
+        result = subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(source)], capture_output=True, text=True, timeout=120)
         if result.returncode:
             raise OSError(f"{' '.join(compiler)} failed: {result.stderr.strip()[-500:]}")
         os.replace(tmp, target)

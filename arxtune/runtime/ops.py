@@ -156,5 +156,7 @@ def differs(got: torch.Tensor, want: torch.Tensor, op: str, world: int) -> str |
         return None
     flat = bad.reshape(-1).nonzero()
     first = int(flat[0, 0])
-    return (f"{flat.shape[0]} of {got.numel()} elements differ by more than {tol:.3g}; first at {first}: "
-            f"got {got.reshape(-1)[first].item()} expected {want.reshape(-1)[first].item()}")
+    return (
+        f"{flat.shape[0]} of {got.numel()} elements differ by more than {tol:.3g}; first at {first}: "
+        f"got {got.reshape(-1)[first].item()} expected {want.reshape(-1)[first].item()}"
+    )

@@ -145,7 +145,9 @@ class Rounds:
         status, message, took_all = self._agree(status, message, took)
         return (Result(entry.name, status, error=message) if status != "ok" else None), max(took_all)
 
-    def warm_up(self, entry: Entry, first_s: float, calls: int, estimates: int = ESTIMATE_SAMPLES) -> tuple[Result | None, Timer | None, float, float]:
+    def warm_up(
+        self, entry: Entry, first_s: float, calls: int, estimates: int = ESTIMATE_SAMPLES
+    ) -> tuple[Result | None, Timer | None, float, float]:
         """Warm-up calls, the timer's own preparation and the estimate samples: (a failure Result or None, the
         timer, wall seconds per sample with its barrier, microseconds per call), both the slowest rank's."""
         status, message, estimate, timer = "ok", "", (0.0, 0.0), None
@@ -232,7 +234,7 @@ class Rounds:
             self.sync()
         done = 0
         while budget.another(done, plan, lambda: self._close(reference, {n: samples[n] for n in samples if n not in results})):
-            for entry, timer in (live if done % 2 == 0 else live[::-1]):
+            for entry, timer in live if done % 2 == 0 else live[::-1]:
                 if entry.name in results:
                     continue
                 got, status, message = self.one_round(entry, timer, plan.per_round[entry.name])
@@ -245,6 +247,7 @@ class Rounds:
         for entry in checked:
             status, message = self.after_check(entry)
             status, message, _ = self._agree(status, message)
-            results[entry.name] = Result(entry.name, status, samples[entry.name] if status == "ok" else [], message,
-                                         estimates[entry.name][1])
+            results[entry.name] = Result(
+                entry.name, status, samples[entry.name] if status == "ok" else [], message, estimates[entry.name][1]
+            )
         return {e.name: results[e.name] for e in entries}

@@ -42,8 +42,10 @@ from arxtune.runtime.thresholds import MODES, Range, Thresholds, merge_adjacent
 from arxtune.runtime import env
 
 ENV_OVERRIDES = env.OVERRIDES.name
-_OVERRIDE = re.compile(r"(?P<op>\w+)(?:/(?P<dtype>\w+))?(?:@(?P<mode>\w+))?:(?P<lo>[^-=]*)-(?P<hi>[^=]*)="
-                       r"(?P<backend>[\w.-]+(?:\[[^\[\]]*\])?)")
+_OVERRIDE = re.compile(
+    r"(?P<op>\w+)(?:/(?P<dtype>\w+))?(?:@(?P<mode>\w+))?:(?P<lo>[^-=]*)-(?P<hi>[^=]*)="
+    r"(?P<backend>[\w.-]+(?:\[[^\[\]]*\])?)"
+)
 #: Items are separated by ',' or ';' outside a variant's brackets (nccl[proto=LL,channels=4]).
 _ITEM_SEPARATOR = re.compile(r"[,;](?![^\[]*\])")
 
@@ -70,14 +72,18 @@ def parse_overrides(text: str) -> tuple[Override, ...]:
     for item in filter(None, (part.strip() for part in _ITEM_SEPARATOR.split(text or ""))):
         match = _OVERRIDE.fullmatch(item.replace(" ", ""))
         if not match:
-            raise ArxtuneError(f"{ENV_OVERRIDES}: cannot read {item!r}; write OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, e.g. all_reduce:0-64KiB=arx")
+            raise ArxtuneError(
+                f"{ENV_OVERRIDES}: cannot read {item!r}; write OP[/DTYPE][@MODE]:LO-[HI]=BACKEND, e.g. all_reduce:0-64KiB=arx"
+            )
         g = match.groupdict()
         try:
             lo, hi = parse_bytes(g["lo"] or 0), (parse_bytes(g["hi"]) if g["hi"] else None)
         except ArxtuneError as exc:
             raise ArxtuneError(f"{ENV_OVERRIDES}: {item!r}: {exc}") from None
         if g["op"] not in OPS or (g["dtype"] and g["dtype"] not in DTYPES) or (g["mode"] and g["mode"] not in MODES):
-            raise ArxtuneError(f"{ENV_OVERRIDES}: {item!r} names an unknown op, dtype or mode (ops {', '.join(OPS)}; modes {', '.join(MODES)})")
+            raise ArxtuneError(
+                f"{ENV_OVERRIDES}: {item!r} names an unknown op, dtype or mode (ops {', '.join(OPS)}; modes {', '.join(MODES)})"
+            )
         if hi is not None and hi <= lo:
             raise ArxtuneError(f"{ENV_OVERRIDES}: {item!r} is an empty range")
         found.append(Override(g["op"], lo, hi, g["backend"], g["dtype"], g["mode"]))
@@ -103,8 +109,10 @@ def check_names(thresholds: Thresholds, source: str = "thresholds") -> Threshold
     known = names()
     for where, name in thresholds.named_backends():
         if split_name(name)[0] not in known:
-            raise FormatError(f"{source}: {where} {name!r} is unknown; known: {', '.join(known)}; regenerate it with "
-                              "`arxtune calibrate RUN [RUN ...]` or name the backend in {env.EXTRA_BACKENDS.name}")
+            raise FormatError(
+                f"{source}: {where} {name!r} is unknown; known: {', '.join(known)}; regenerate it with "
+                "`arxtune calibrate RUN [RUN ...]` or name the backend in {env.EXTRA_BACKENDS.name}"
+            )
     return thresholds
 
 
@@ -143,8 +151,14 @@ class Router:
     the routes again when one is added while serving.
     """
 
-    def __init__(self, routes: dict, fallback: str, capturing: Callable[[], bool] | None = None,
-                 rebuild: Callable[[dict], dict] | None = None, excluded: dict | None = None):
+    def __init__(
+        self,
+        routes: dict,
+        fallback: str,
+        capturing: Callable[[], bool] | None = None,
+        rebuild: Callable[[dict], dict] | None = None,
+        excluded: dict | None = None,
+    ):
         self._routes = routes  # (mode, op, torch dtype) -> (range starts after the first, [(backend, name) or None])
         self.fallback = fallback
         self._capturing = capturing
@@ -206,8 +220,10 @@ def resolve(tables: dict, opened: dict, native: Callable[[str], bool], excluded:
             return None
         return (backend, name)
 
-    return {(mode, op, DTYPES[dtype]): ([r.lo for r in ranges[1:]], [usable(r.backend, op, dtype, mode) for r in ranges])
-            for (mode, op, dtype), ranges in tables.items()}
+    return {
+        (mode, op, DTYPES[dtype]): ([r.lo for r in ranges[1:]], [usable(r.backend, op, dtype, mode) for r in ranges])
+        for (mode, op, dtype), ranges in tables.items()
+    }
 
 
 def _spans(ranges: tuple[Range, ...], choices: list) -> list[tuple[int, int | None, str]]:
@@ -246,10 +262,18 @@ def backend_context(ctx: GroupContext, thresholds: Thresholds | None) -> GroupCo
     return dataclasses.replace(ctx, options={**ctx.options, **{name: s.options for name, s in setup.items()}})
 
 
-def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str | tuple[str, ...], native: Callable[[str], bool],
-                capturing: Callable[[], bool] | None = None, also_open: tuple[str, ...] = (),
-                overrides: tuple[Override, ...] | None = None, ready: tuple[dict, dict] | None = None,
-                excluded: dict | None = None, fingerprint: str = "fingerprint: no file") -> Opened:
+def open_router(
+    thresholds: Thresholds | None,
+    ctx: GroupContext,
+    fallback: str | tuple[str, ...],
+    native: Callable[[str], bool],
+    capturing: Callable[[], bool] | None = None,
+    also_open: tuple[str, ...] = (),
+    overrides: tuple[Override, ...] | None = None,
+    ready: tuple[dict, dict] | None = None,
+    excluded: dict | None = None,
+    fingerprint: str = "fingerprint: no file",
+) -> Opened:
     """Open what the file (and the overrides) name for this group and build the router.
 
     `fallback`: the name the caller's own path is counted under, or the baselines in `also_open`, preferred
@@ -288,19 +312,25 @@ def open_router(thresholds: Thresholds | None, ctx: GroupContext, fallback: str 
     for name, state in sorted(opened_status.items()):
         for op, limit in sorted(state.get("capacity", {}).items()):
             recorded = setup.get(name).capacity.get(op) if name in setup else None
-            capacity.append(f"{name} {op}<={format_bytes(limit)}" + (f" (file measured {format_bytes(recorded)})" if recorded not in (None, limit) else ""))
+            capacity.append(
+                f"{name} {op}<={format_bytes(limit)}"
+                + (f" (file measured {format_bytes(recorded)})" if recorded not in (None, limit) else "")
+            )
     parts.append("capacity " + (", ".join(capacity) or "unlimited"))
     # what a backend decided at start that the reader must see (arxg: how its GPU reaches host memory)
     parts += [note() for _, b in sorted(opened.items()) if callable(note := getattr(b, "startup_note", None))]
     parts.append(fingerprint)
     parts.append("overrides " + ("; ".join(o.describe() for o in overrides) if overrides else f"none (${ENV_OVERRIDES})"))
     excluded = dict(excluded or {})
-    problems += [f"{name} is out of {op}/{dtype} in every mode for the life of this process: {why}"
-                 for (name, op, dtype), why in excluded.items()]
+    problems += [
+        f"{name} is out of {op}/{dtype} in every mode for the life of this process: {why}" for (name, op, dtype), why in excluded.items()
+    ]
     routes = resolve(tables, opened, native, excluded)
-    taken = [f"{mode} {op}/{dtype} [{format_bytes(lo)}, {'inf' if hi is None else format_bytes(hi)}) -> {name}"
-             for (mode, op, dtype), ranges in sorted(tables.items())
-             for lo, hi, name in _spans(ranges, routes[(mode, op, DTYPES[dtype])][1])]
+    taken = [
+        f"{mode} {op}/{dtype} [{format_bytes(lo)}, {'inf' if hi is None else format_bytes(hi)}) -> {name}"
+        for (mode, op, dtype), ranges in sorted(tables.items())
+        for lo, hi, name in _spans(ranges, routes[(mode, op, DTYPES[dtype])][1])
+    ]
     parts.append("takes " + ("; ".join(taken) if taken else "nothing"))
     if excluded:
         parts.append(f"out {len(excluded)} (" + "; ".join(f"{name} {op}/{dtype}" for name, op, dtype in excluded) + ")")

@@ -78,6 +78,8 @@ def new_run_dir(parent: Path, name: str) -> Path:
     except OSError as exc:
         raise ArxtuneError(f"cannot create run directory {path} ({exc.strerror}); choose another --out") from None
     return path
+
+
 #: How a point can be timed (the harness's views; a table's mode is timed by the view of its name).
 VIEWS = tuple(dict.fromkeys(view for _, view in TIMERS))
 
@@ -106,9 +108,21 @@ class PointRecord:
     def to_row(self) -> list:
         if not all(math.isfinite(s) for s in self.samples_us):
             raise ArxtuneError(f"point {self.key} holds a sample that is not finite; it is not written")
-        return [self.backend, self.op, self.dtype, self.view, self.size, self.nbytes, self.world_size,
-                self.status, len(self.samples_us), " ".join(map(str, self.round_iters)),
-                " ".join(f"{s:.3f}" for s in self.samples_us), " ".join(self.error.split()), _BITWISE_TEXT[self.bitwise]]
+        return [
+            self.backend,
+            self.op,
+            self.dtype,
+            self.view,
+            self.size,
+            self.nbytes,
+            self.world_size,
+            self.status,
+            len(self.samples_us),
+            " ".join(map(str, self.round_iters)),
+            " ".join(f"{s:.3f}" for s in self.samples_us),
+            " ".join(self.error.split()),
+            _BITWISE_TEXT[self.bitwise],
+        ]
 
 
 @dataclass
@@ -149,15 +163,22 @@ class RunMeta:
         data = schema.table(data, "meta.json")
         version = data.get("version")
         if isinstance(version, bool) or version not in READABLE_VERSIONS:
-            raise FormatError(f"results format version {schema._show(version)} is not supported (this arxtune reads "
-                              f"{', '.join(map(str, READABLE_VERSIONS))}: samples timed in interleaved rounds); re-run the sweep with this arxtune")
-        schema.known_keys(data, "meta.json", ("run_id", "world_size", "device_type", "config", "baseline", "started"),
-                          [f.name for f in fields(cls)])
+            raise FormatError(
+                f"results format version {schema._show(version)} is not supported (this arxtune reads "
+                f"{', '.join(map(str, READABLE_VERSIONS))}: samples timed in interleaved rounds); re-run the sweep with this arxtune"
+            )
+        schema.known_keys(
+            data, "meta.json", ("run_id", "world_size", "device_type", "config", "baseline", "started"), [f.name for f in fields(cls)]
+        )
         text, strings = schema.string, schema.strings
         return cls(
-            run_id=schema.string(data["run_id"], "run_id", empty=False), world_size=schema.integer(data["world_size"], "world_size", 1),
-            device_type=text(data["device_type"], "device_type"), config=_meta_config(data["config"]),
-            baseline=schema.name(data["baseline"], "baseline"), started=text(data["started"], "started"), version=version,
+            run_id=schema.string(data["run_id"], "run_id", empty=False),
+            world_size=schema.integer(data["world_size"], "world_size", 1),
+            device_type=text(data["device_type"], "device_type"),
+            config=_meta_config(data["config"]),
+            baseline=schema.name(data["baseline"], "baseline"),
+            started=text(data["started"], "started"),
+            version=version,
             finished=schema.optional_string(data.get("finished"), "finished"),
             arxtune_version=text(data.get("arxtune_version", ""), "arxtune_version"),
             torch_version=text(data.get("torch_version", ""), "torch_version"),
@@ -166,11 +187,14 @@ class RunMeta:
             rdma_devices=list(strings(data.get("rdma_devices", []), "rdma_devices")),
             hostnames=list(strings(data.get("hostnames", []), "hostnames")),
             device_names=list(strings(data.get("device_names", []), "device_names")),
-            backends={schema.name(n, "backends"): _backend_status(s, f"backends.{n}")
-                      for n, s in schema.table(data.get("backends", {}), "backends").items()},
+            backends={
+                schema.name(n, "backends"): _backend_status(s, f"backends.{n}")
+                for n, s in schema.table(data.get("backends", {}), "backends").items()
+            },
             fabric_floor_us=schema.optional_number(data.get("fabric_floor_us"), "fabric_floor_us", lo=0.0, lo_open=True),
             command=text(data.get("command", ""), "command"),
-            nccl_used=_nccl_used(data.get("nccl_used")))
+            nccl_used=_nccl_used(data.get("nccl_used")),
+        )
 
 
 #: Largest step between grid sizes a run may record (calibrate extends tables by it).
@@ -273,7 +297,7 @@ class RunWriter:
 
     def append_group(self, records: list[PointRecord]) -> None:
         """The backends timed together at one point, written and flushed at once."""
-        self._csv.writerows(record.to_row()[:self._columns] for record in records)
+        self._csv.writerows(record.to_row()[: self._columns] for record in records)
         self._file.flush()
         os.fsync(self._file.fileno())
         self.done.update((record.key, record) for record in records)
@@ -373,8 +397,20 @@ def _parse_row(row: list[str], where: str, meta: RunMeta) -> PointRecord:
     try:
         padded = row + [""] * (len(POINT_COLUMNS) - columns)  # an older version has no bitwise column: not checked
         backend, op, dtype, view, size, nbytes, world, status, iters, round_iters, samples, error, bitwise = padded
-        record = PointRecord(backend, op, dtype, view, int(size), int(nbytes), int(world), status, _parse_samples(samples), error,
-                             tuple(int(v) for v in round_iters.split()), _parse_bitwise(bitwise))
+        record = PointRecord(
+            backend,
+            op,
+            dtype,
+            view,
+            int(size),
+            int(nbytes),
+            int(world),
+            status,
+            _parse_samples(samples),
+            error,
+            tuple(int(v) for v in round_iters.split()),
+            _parse_bitwise(bitwise),
+        )
         problem = _row_problem(record, int(iters), meta)
     except ValueError as exc:
         raise FormatError(f"{where}: {exc}; the run is corrupt") from None
@@ -443,5 +479,7 @@ def resumable(path: str | Path) -> Run:
     """The run at `path` if it can be continued: readable and not finished."""
     run = load_run(path)
     if run.meta.finished:
-        raise ArxtuneError(f"run {run.path} finished at {run.meta.finished}; nothing to resume (start a new sweep, or `arxtune calibrate {run.path}`)")
+        raise ArxtuneError(
+            f"run {run.path} finished at {run.meta.finished}; nothing to resume (start a new sweep, or `arxtune calibrate {run.path}`)"
+        )
     return run

@@ -123,8 +123,7 @@ def integer(value: Any, where: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise FormatError(f"{where} must be a whole number, not {_show(value)}")
     if not lo <= value <= hi:
-        raise FormatError(f"{where} {value if abs(value) < 1 << 64 else 'of ' + str(value.bit_length()) + ' bits'} "
-                          f"is outside {lo}..{hi}")
+        raise FormatError(f"{where} {value if abs(value) < 1 << 64 else 'of ' + str(value.bit_length()) + ' bits'} is outside {lo}..{hi}")
     return value
 
 
@@ -138,8 +137,9 @@ def number(value: Any, where: str, lo: float = 0.0, hi: float = math.inf, lo_ope
         raise FormatError(f"{where} is too large") from None
     if not math.isfinite(result) or result < lo or result > hi or (lo_open and result == lo):
         bound = f"above {lo:g}" if lo_open else f"at least {lo:g}"
-        raise FormatError(f"{where} must be a finite number {bound}" + (f" and at most {hi:g}" if math.isfinite(hi) else "")
-                          + f", not {_show(value)}")
+        raise FormatError(
+            f"{where} must be a finite number {bound}" + (f" and at most {hi:g}" if math.isfinite(hi) else "") + f", not {_show(value)}"
+        )
     return result
 
 

@@ -127,9 +127,13 @@ class Thresholds:
         to give the baseline's bits, as 'mode op/dtype [lo, hi) -> backend'."""
         from arxtune.runtime.units import format_bytes
 
-        return [f"{t.mode} {t.op}/{t.dtype} [{format_bytes(r.lo)}, {'inf' if r.hi is None else format_bytes(r.hi)}) -> {r.backend}"
-                for t in self.tables if t.world_size == world_size for r in t.ranges
-                if r.bitwise is not True and r.backend != self.baseline and not native(r.backend)]
+        return [
+            f"{t.mode} {t.op}/{t.dtype} [{format_bytes(r.lo)}, {'inf' if r.hi is None else format_bytes(r.hi)}) -> {r.backend}"
+            for t in self.tables
+            if t.world_size == world_size
+            for r in t.ranges
+            if r.bitwise is not True and r.backend != self.baseline and not native(r.backend)
+        ]
 
     def table(self, op: str, dtype: str, world_size: int, mode: str = "eager") -> Table | None:
         return next((t for t in self.tables if t.key == (mode, op, dtype, world_size)), None)
@@ -223,26 +227,41 @@ def _range(value, where: str) -> Range:
     bitwise = r.get("bitwise")
     if bitwise is not None and not isinstance(bitwise, bool):
         raise FormatError(f"{where}.bitwise must be true, false or null")
-    return Range(schema.size(r["lo"], f"{where}.lo"), hi, _backend_name(r["backend"], f"{where}.backend"),
-                 schema.string(r.get("source", "measured"), f"{where}.source", SOURCES), bitwise)
+    return Range(
+        schema.size(r["lo"], f"{where}.lo"),
+        hi,
+        _backend_name(r["backend"], f"{where}.backend"),
+        schema.string(r.get("source", "measured"), f"{where}.source", SOURCES),
+        bitwise,
+    )
 
 
 def _table(value, where: str) -> Table:
     t = schema.known_keys(schema.table(value, where), where, ("op", "dtype", "world_size", "ranges", "mode"), ("run_id", "view"))
-    return Table(schema.string(t["op"], f"{where}.op", OPS), schema.string(t["dtype"], f"{where}.dtype", DTYPES),
-                 schema.integer(t["world_size"], f"{where}.world_size", 1), schema.items(t["ranges"], f"{where}.ranges", _range),
-                 schema.string(t["mode"], f"{where}.mode", MODES), schema.string(t.get("run_id", ""), f"{where}.run_id"),
-                 schema.string(t.get("view", ""), f"{where}.view", VIEWS))
+    return Table(
+        schema.string(t["op"], f"{where}.op", OPS),
+        schema.string(t["dtype"], f"{where}.dtype", DTYPES),
+        schema.integer(t["world_size"], f"{where}.world_size", 1),
+        schema.items(t["ranges"], f"{where}.ranges", _range),
+        schema.string(t["mode"], f"{where}.mode", MODES),
+        schema.string(t.get("run_id", ""), f"{where}.run_id"),
+        schema.string(t.get("view", ""), f"{where}.view", VIEWS),
+    )
 
 
 def _model(value, where: str) -> Model:
-    m = schema.known_keys(schema.table(value, where), where, ("backend", "op", "dtype", "world_size", "alpha_us", "bandwidth_gbps"),
-                          ("mode",))
-    return Model(_backend_name(m["backend"], f"{where}.backend"), schema.string(m["op"], f"{where}.op", OPS),
-                 schema.string(m["dtype"], f"{where}.dtype", DTYPES), schema.integer(m["world_size"], f"{where}.world_size", 1),
-                 schema.number(m["alpha_us"], f"{where}.alpha_us", hi=1e12),
-                 schema.optional_number(m["bandwidth_gbps"], f"{where}.bandwidth_gbps", lo=0.0, hi=1e9, lo_open=True),
-                 schema.string(m.get("mode", "eager"), f"{where}.mode", MODES))
+    m = schema.known_keys(
+        schema.table(value, where), where, ("backend", "op", "dtype", "world_size", "alpha_us", "bandwidth_gbps"), ("mode",)
+    )
+    return Model(
+        _backend_name(m["backend"], f"{where}.backend"),
+        schema.string(m["op"], f"{where}.op", OPS),
+        schema.string(m["dtype"], f"{where}.dtype", DTYPES),
+        schema.integer(m["world_size"], f"{where}.world_size", 1),
+        schema.number(m["alpha_us"], f"{where}.alpha_us", hi=1e12),
+        schema.optional_number(m["bandwidth_gbps"], f"{where}.bandwidth_gbps", lo=0.0, hi=1e9, lo_open=True),
+        schema.string(m.get("mode", "eager"), f"{where}.mode", MODES),
+    )
 
 
 def _optional_strings(value, where: str) -> tuple[str, ...] | None:
@@ -251,11 +270,14 @@ def _optional_strings(value, where: str) -> tuple[str, ...] | None:
 
 def _fingerprint(value, where: str) -> Fingerprint:
     f = schema.known_keys(schema.table(value, where), where, ("world_size",), [x.name for x in fields(Fingerprint)])
-    return Fingerprint(schema.integer(f["world_size"], f"{where}.world_size"), schema.string(f.get("device_type", ""), f"{where}.device_type"),  # type: ignore[call-arg]
-                       schema.strings(f.get("hostnames", []), f"{where}.hostnames"),
-                       schema.strings(f.get("device_names", []), f"{where}.device_names"),
-                       *(schema.optional_string(f.get(k), f"{where}.{k}") for k in ("driver_version", "torch_version", "nccl_version")),  # type: ignore[arg-type]
-                       _optional_strings(f.get("rdma_devices"), f"{where}.rdma_devices"))
+    return Fingerprint(
+        schema.integer(f["world_size"], f"{where}.world_size"),
+        schema.string(f.get("device_type", ""), f"{where}.device_type"),  # type: ignore[call-arg]
+        schema.strings(f.get("hostnames", []), f"{where}.hostnames"),
+        schema.strings(f.get("device_names", []), f"{where}.device_names"),
+        *(schema.optional_string(f.get(k), f"{where}.{k}") for k in ("driver_version", "torch_version", "nccl_version")),  # type: ignore[arg-type]
+        _optional_strings(f.get("rdma_devices"), f"{where}.rdma_devices"),
+    )
 
 
 def _source_run(value, where: str) -> SourceRun:
@@ -266,8 +288,10 @@ def _source_run(value, where: str) -> SourceRun:
 def _setup(value, where: str) -> BackendSetup:
     s = schema.known_keys(schema.table(value, where), where, (), ("options", "capacity"))
     capacity = schema.table(s.get("capacity", {}), f"{where}.capacity")
-    return BackendSetup(dict(schema.table(s.get("options", {}), f"{where}.options")),
-                        {schema.string(op, f"{where}.capacity", OPS): schema.size(b, f"{where}.capacity.{op}") for op, b in capacity.items()})
+    return BackendSetup(
+        dict(schema.table(s.get("options", {}), f"{where}.options")),
+        {schema.string(op, f"{where}.capacity", OPS): schema.size(b, f"{where}.capacity.{op}") for op, b in capacity.items()},
+    )
 
 
 def _upgrade_v1(data: dict) -> dict:
@@ -276,14 +300,27 @@ def _upgrade_v1(data: dict) -> dict:
     provenance = schema.table(data["provenance"], "provenance")
     mode = schema.string(provenance.get("mode", "eager"), "provenance.mode", MODES)
     run_id = schema.string(provenance.get("run_id", ""), "provenance.run_id")
-    tables = [{**schema.table(t, f"tables[{i}]"), "mode": mode, "run_id": run_id, "view": mode}
-              for i, t in enumerate(schema.items(data["tables"], "tables", lambda t, w: t))]
-    models = [{**schema.table(m, f"models[{i}]"), "mode": mode} for i, m in enumerate(schema.items(data.get("models", []), "models", lambda m, w: m))]
+    tables = [
+        {**schema.table(t, f"tables[{i}]"), "mode": mode, "run_id": run_id, "view": mode}
+        for i, t in enumerate(schema.items(data["tables"], "tables", lambda t, w: t))
+    ]
+    models = [
+        {**schema.table(m, f"models[{i}]"), "mode": mode}
+        for i, m in enumerate(schema.items(data.get("models", []), "models", lambda m, w: m))
+    ]
     worlds = {t.get("world_size") for t in tables}
     world = provenance.get("world_size") or (worlds.pop() if len(worlds) == 1 else 0)
-    runs = [{"run_id": run_id, "fingerprint": {
-        "world_size": world, "device_type": provenance.get("device_type", ""), "hostnames": provenance.get("hostnames", []),
-        "device_names": provenance.get("device_names", [])}}]
+    runs = [
+        {
+            "run_id": run_id,
+            "fingerprint": {
+                "world_size": world,
+                "device_type": provenance.get("device_type", ""),
+                "hostnames": provenance.get("hostnames", []),
+                "device_names": provenance.get("device_names", []),
+            },
+        }
+    ]
     return {**data, "version": 2, "tables": tables, "models": models, "runs": runs, "backend_setup": {}}
 
 
@@ -293,17 +330,21 @@ def _build(data) -> Thresholds:
         raise FormatError("not an arxtune thresholds file")
     version = data.get("version")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
-        raise FormatError(f"version {schema._show(version)} is not supported (this arxtune reads "
-                          f"{', '.join(map(str, READABLE_VERSIONS))})")
+        raise FormatError(f"version {schema._show(version)} is not supported (this arxtune reads {', '.join(map(str, READABLE_VERSIONS))})")
     if version == 1:
         data = _upgrade_v1(data)
     schema.known_keys(data, "file", ("kind", "version", "baseline", "margin", "provenance", "tables", "runs", "backend_setup"), ("models",))
     tables = schema.items(data["tables"], "tables", _table)
     setup = schema.table(data["backend_setup"], "backend_setup")
-    return Thresholds(_backend_name(data["baseline"], "baseline"), schema.number(data["margin"], "margin", hi=MAX_MARGIN),
-                      dict(schema.table(data["provenance"], "provenance")), tables,
-                      schema.items(data.get("models", []), "models", _model), schema.items(data["runs"], "runs", _source_run),
-                      {_backend_name(n, "backend_setup"): _setup(s, f"backend_setup.{n}") for n, s in setup.items()})
+    return Thresholds(
+        _backend_name(data["baseline"], "baseline"),
+        schema.number(data["margin"], "margin", hi=MAX_MARGIN),
+        dict(schema.table(data["provenance"], "provenance")),
+        tables,
+        schema.items(data.get("models", []), "models", _model),
+        schema.items(data["runs"], "runs", _source_run),
+        {_backend_name(n, "backend_setup"): _setup(s, f"backend_setup.{n}") for n, s in setup.items()},
+    )
 
 
 def from_dict(data: dict, source: str = "thresholds") -> Thresholds:

@@ -192,8 +192,7 @@ class CudaDecodeTimer(_CudaEvents):
 
     view = "decode"
 
-    def __init__(self, busy_us: float = DECODE_BUSY_US, ops_per_sample: int = EAGER_OPS_PER_SAMPLE, busy=None,
-                 event=None) -> None:
+    def __init__(self, busy_us: float = DECODE_BUSY_US, ops_per_sample: int = EAGER_OPS_PER_SAMPLE, busy=None, event=None) -> None:
         super().__init__(event)
         self.busy_us, self.ops_per_sample, self.busy = busy_us, ops_per_sample, busy
         event = event or (lambda: torch.cuda.Event(enable_timing=True))
@@ -221,8 +220,7 @@ class CudaDecodeTimer(_CudaEvents):
                 op()
             self.end.record()
         self.end.synchronize()
-        return decode_share_us(self.start.elapsed_time(self.end) * 1e3,
-                               self.alone_start.elapsed_time(self.alone_end) * 1e3, calls)
+        return decode_share_us(self.start.elapsed_time(self.end) * 1e3, self.alone_start.elapsed_time(self.alone_end) * 1e3, calls)
 
 
 #: (device type, view) -> timer factory, given the call's size and the decode view's busy kernel (us).
@@ -231,7 +229,8 @@ class CudaDecodeTimer(_CudaEvents):
 #: The sweep leaves the calls to the view; the start-up ladder sizes them by the checked call's time.
 TIMERS: dict[tuple[str, str], Callable[..., Timer]] = {
     ("cpu", "eager"): lambda nbytes, busy_us, calls=None: WallTimer(
-        "eager", calls or max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))),
+        "eager", calls or max(1, min(EAGER_OPS_PER_SAMPLE, CPU_EAGER_SAMPLE_BYTES // max(nbytes, 1)))
+    ),
     ("cpu", "isolated"): lambda nbytes, busy_us, calls=None: WallTimer("isolated", 1),
     ("cuda", "eager"): lambda nbytes, busy_us, calls=None: CudaBackToBackTimer(calls or EAGER_OPS_PER_SAMPLE),
     ("cuda", "isolated"): lambda nbytes, busy_us, calls=None: CudaIsolatedTimer(),

@@ -136,8 +136,11 @@ def __getattr__(name: str):
 
 def wrap(base: type) -> type:
     """A subclass of vLLM's communicator class `base` that routes calls by the thresholds."""
-    return type(f"Arxtune{base.__name__}", (ArxtuneRouting, base),
-                {"__module__": __name__, "__qualname__": WRAPPER_NAME, "__doc__": ArxtuneRouting.__doc__})
+    return type(
+        f"Arxtune{base.__name__}",
+        (ArxtuneRouting, base),
+        {"__module__": __name__, "__qualname__": WRAPPER_NAME, "__doc__": ArxtuneRouting.__doc__},
+    )
 
 
 class ArxtuneRouting:
@@ -195,7 +198,7 @@ class ArxtuneRouting:
         # (world, *shape) with the world axis moved in front of `dim`, then merged with it.
         shape = tuple(input_.shape)
         moved = gathered.view(self.world_size, *shape).movedim(0, dim)  # type: ignore[attr-defined]
-        return moved.reshape(*shape[:dim], self.world_size * shape[dim], *shape[dim + 1:])  # type: ignore[attr-defined]
+        return moved.reshape(*shape[:dim], self.world_size * shape[dim], *shape[dim + 1 :])  # type: ignore[attr-defined]
 
     def reduce_scatter(self, input_, dim: int = -1):
         dim = dim + input_.dim() if dim < 0 else dim
@@ -232,6 +235,7 @@ class ArxtuneRouting:
 
 
 # ---- start-up: load, agree across the group, open backends, say what is taken ----
+
 
 def setup_dispatch(comm):
     """The dispatch for one TP communicator, or None (vLLM's path for everything) after one warning."""
@@ -293,9 +297,11 @@ def invariance_problem(thresholds, world_size: int, native) -> str:
     loose = thresholds.not_bitwise(world_size, native)
     if not loose:
         return ""
-    return (f"vLLM runs batch-invariant and the thresholds route {len(loose)} range(s) to backends not known to give "
-            f"{thresholds.baseline}'s bits ({loose[0]}{', ...' if len(loose) > 1 else ''}); "
-            "write the file with `arxtune calibrate RUN --invariant`")
+    return (
+        f"vLLM runs batch-invariant and the thresholds route {len(loose)} range(s) to backends not known to give "
+        f"{thresholds.baseline}'s bits ({loose[0]}{', ...' if len(loose) > 1 else ''}); "
+        "write the file with `arxtune calibrate RUN --invariant`"
+    )
 
 
 def read_thresholds(world_size: int, model_dtype=None):
@@ -312,8 +318,9 @@ def _open_dispatch(comm):
     from arxtune.runtime.group import GroupContext
 
     device = comm.device
-    ctx = GroupContext(comm.rank_in_group, comm.world_size, device.index or 0, device, comm.cpu_group,
-                       comm.device_group if device.type == "cuda" else None)
+    ctx = GroupContext(
+        comm.rank_in_group, comm.world_size, device.index or 0, device, comm.cpu_group, comm.device_group if device.type == "cuda" else None
+    )
     loaded = dispatch.load_for_group(ctx, None, _model_dtype())
     if loaded.why:
         _say(comm, logging.WARNING, loaded.why)
@@ -331,16 +338,28 @@ def _open_dispatch(comm):
     started = routes.started
     taken = started.router.takes_anything
     if started.problems:
-        _say(comm, logging.WARNING, "; ".join(started.problems) + ("; those ranges use vLLM's path" if taken else ""),
-             everything_to_vllm=not taken)
+        _say(
+            comm,
+            logging.WARNING,
+            "; ".join(started.problems) + ("; those ranges use vLLM's path" if taken else ""),
+            everything_to_vllm=not taken,
+        )
     if not taken:
         routes.close()
         if not started.problems:
             ladder = f" ({started.ladder.line})" if started.ladder is not None else ""
-            _say(comm, logging.INFO, f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}{ladder}"
-                 f"; set up in {time.perf_counter() - started_s:.2f} s")
+            _say(
+                comm,
+                logging.INFO,
+                f"the thresholds in {loaded.path} give every range to vLLM's {_base_name(comm)}{ladder}"
+                f"; set up in {time.perf_counter() - started_s:.2f} s",
+            )
         return None
     run_ids = ", ".join(r.run_id for r in thresholds.runs)
-    _say(comm, logging.INFO, f"{started.line}; everything else goes to vLLM's {_base_name(comm)} "
-         f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''}); set up in {time.perf_counter() - started_s:.2f} s")
+    _say(
+        comm,
+        logging.INFO,
+        f"{started.line}; everything else goes to vLLM's {_base_name(comm)} "
+        f"(thresholds {loaded.path}{f', runs {run_ids}' if run_ids else ''}); set up in {time.perf_counter() - started_s:.2f} s",
+    )
     return routes

@@ -26,8 +26,7 @@ from arxtune.runtime.ops import OP_SPECS, expected_output, make_input
 from arxtune.runtime.rdma.config import RdmaConfig
 from arxtune.runtime.rdma.errors import RdmaTimeout, RdmaUnavailable
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600), pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "tests" / "helpers" / "arxg_standin.py"
 SALTS = 7
@@ -69,13 +68,16 @@ def _capture(fn) -> torch.cuda.CUDAGraph:
 
 
 @pytest.mark.parametrize("memory", MEMORY)
-@pytest.mark.parametrize("op,dtype,n,replays,chain", [
-    ("all_reduce", torch.bfloat16, 8192, 10_000, 1),  # 16 KiB
-    ("all_reduce", torch.bfloat16, 8192, 1000, 10),  # a rank runs ahead of its peer through both slots
-    ("all_reduce", torch.float32, 250_000, 200, 1),  # many programs per kernel, 1 MB
-    ("all_gather", torch.int32, 1000, 1000, 1),
-    ("reduce_scatter", torch.float16, 4096, 1000, 3),
-])
+@pytest.mark.parametrize(
+    "op,dtype,n,replays,chain",
+    [
+        ("all_reduce", torch.bfloat16, 8192, 10_000, 1),  # 16 KiB
+        ("all_reduce", torch.bfloat16, 8192, 1000, 10),  # a rank runs ahead of its peer through both slots
+        ("all_reduce", torch.float32, 250_000, 200, 1),  # many programs per kernel, 1 MB
+        ("all_gather", torch.int32, 1000, 1000, 1),
+        ("reduce_scatter", torch.float16, 4096, 1000, 3),
+    ],
+)
 def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype, n, replays, chain, memory):
     """Each replay runs a chain of `chain` calls per rank on the same buffers: the last call's output is checked."""
     print(f"arxg memory: {_allowed(memory)}")
@@ -106,15 +108,22 @@ def test_two_gpu_ranks_replay_a_captured_graph_with_new_inputs_exactly(op, dtype
         pair.close()
 
 
-@pytest.mark.parametrize("memory,launch", [pytest.param(m, launch, id=f"{m}_memory-{launch}")
-                                           for m, launch in (("registered", "native"), ("direct", "native"),
-                                                             ("registered", "triton"))])
-@pytest.mark.parametrize("op,dtype,n", [
-    ("all_reduce", torch.bfloat16, 8192),  # 16 KiB
-    ("all_reduce", torch.float32, 250_000),  # many programs per kernel
-    ("all_gather", torch.int32, 1000),
-    ("reduce_scatter", torch.float16, 4096),
-])
+@pytest.mark.parametrize(
+    "memory,launch",
+    [
+        pytest.param(m, launch, id=f"{m}_memory-{launch}")
+        for m, launch in (("registered", "native"), ("direct", "native"), ("registered", "triton"))
+    ],
+)
+@pytest.mark.parametrize(
+    "op,dtype,n",
+    [
+        ("all_reduce", torch.bfloat16, 8192),  # 16 KiB
+        ("all_reduce", torch.float32, 250_000),  # many programs per kernel
+        ("all_gather", torch.int32, 1000),
+        ("reduce_scatter", torch.float16, 4096),
+    ],
+)
 def test_two_gpu_ranks_run_eager_calls_back_to_back_exactly(op, dtype, n, memory, launch):
     """Batches of SALTS eager calls per rank with no sync between them, each call on its own buffers with its
     own inputs (as a model's layers call), checked after each batch; both launch paths."""
@@ -124,8 +133,7 @@ def test_two_gpu_ranks_run_eager_calls_back_to_back_exactly(op, dtype, n, memory
     try:
         ins = [[make_input(op, n, r, world, dtype, dev, s) for s in range(SALTS)] for r in range(world)]
         refs = [[expected_output(op, n, r, world, dtype, s).to(dev) for s in range(SALTS)] for r in range(world)]
-        outs = [[torch.empty(OP_SPECS[op].shapes(n, world)[1], dtype=dtype, device=dev) for _ in range(SALTS)]
-                for _ in range(world)]
+        outs = [[torch.empty(OP_SPECS[op].shapes(n, world)[1], dtype=dtype, device=dev) for _ in range(SALTS)] for _ in range(world)]
         for b in range(batches):
             for r in range(world):
                 for o in outs[r]:
@@ -156,15 +164,19 @@ def test_gpu_rank_with_a_cpu_standin_then_the_standin_is_killed(memory):
     print(f"arxg memory: {_allowed(memory)}")
     op, dtype, n, calls, world, dev = "all_reduce", torch.bfloat16, 8192, 2000, 2, torch.device("cuda", 0)
     port = _free_port()
-    store = torch.distributed.TCPStore("127.0.0.1", port, world, True, timeout=timedelta(seconds=60),
-                                       wait_for_workers=False)
+    store = torch.distributed.TCPStore("127.0.0.1", port, world, True, timeout=timedelta(seconds=60), wait_for_workers=False)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    peer = subprocess.Popen([sys.executable, str(STANDIN), str(port), "1", str(world), op, "bfloat16", str(n),
-                             str(calls + 1000), str(SALTS), "3"], stdout=subprocess.PIPE, text=True, env=env)
+    peer = subprocess.Popen(
+        [sys.executable, str(STANDIN), str(port), "1", str(world), op, "bfloat16", str(n), str(calls + 1000), str(SALTS), "3"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     gpu = None
     try:
-        gpu = GpuRank(open_session(RdmaConfig(max_bytes=1 << 20, timeout_s=3.0), 0, world,
-                                   store_exchange(store, 0, world), "shm"), dev, memory=memory)
+        gpu = GpuRank(
+            open_session(RdmaConfig(max_bytes=1 << 20, timeout_s=3.0), 0, world, store_exchange(store, 0, world), "shm"), dev, memory=memory
+        )
         inputs = [make_input(op, n, 0, world, dtype, dev, s) for s in range(SALTS)]
         refs = [expected_output(op, n, 0, world, dtype, s).to(dev) for s in range(SALTS)]
         inp, out = inputs[0].clone(), torch.empty_like(inputs[0])
@@ -236,8 +248,12 @@ assert all(torch.equal(o, ref) for o in outs)
 print("builds:", sorted(set(b for r in pair.ranks for b in r.builds.values())))
 pair.close()
 """
-    env = {**os.environ, "ARXTUNE_ARXG_KERNELS": str(bundle), "XDG_CACHE_HOME": str(tmp_path / "empty-cache"),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "ARXTUNE_ARXG_KERNELS": str(bundle),
+        "XDG_CACHE_HOME": str(tmp_path / "empty-cache"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"the build in {bundle}, made by Triton" in result.stdout

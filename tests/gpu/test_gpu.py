@@ -1,6 +1,6 @@
 """GPU tier: CUDA timing and GPU backends. Skips cleanly without a GPU (CI has none).
 
-    make test-gpu
+make test-gpu
 """
 
 from __future__ import annotations
@@ -71,10 +71,36 @@ def test_a_process_replays_its_first_graphs_before_it_times_one(monkeypatch):
 def test_gpu_sweep_with_nccl_symmetric_memory_and_graphs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     result = subprocess.run(
-        [sys.executable, "-m", "arxtune", "sweep", "--backends", "nccl,torch_nccl,symm_mem,symm_mem2,arx,gloo", "--views", "eager,isolated,graph,decode",
-         "--dtypes", "bfloat16,float32", "--min-bytes", "4KiB", "--max-bytes", "4MiB", "--step-factor", "16",
-         "--point-budget-s", "0.05", "--out", str(tmp_path), "--run-id", "gpu", "--no-progress"],
-        env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "arxtune",
+            "sweep",
+            "--backends",
+            "nccl,torch_nccl,symm_mem,symm_mem2,arx,gloo",
+            "--views",
+            "eager,isolated,graph,decode",
+            "--dtypes",
+            "bfloat16,float32",
+            "--min-bytes",
+            "4KiB",
+            "--max-bytes",
+            "4MiB",
+            "--step-factor",
+            "16",
+            "--point-budget-s",
+            "0.05",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "gpu",
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     run = load_run(tmp_path / "gpu")
     assert run.meta.world_size == GPUS and run.meta.device_type == "cuda" and run.meta.nccl_version

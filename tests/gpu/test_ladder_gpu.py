@@ -1,6 +1,6 @@
 """The start-up ladder at world 1 on a GPU: eager and graph boundaries timed with the runtime's CUDA timers.
 
-    PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_ladder_gpu.py
+PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_ladder_gpu.py
 """
 
 from __future__ import annotations
@@ -22,10 +22,24 @@ TESTS = Path(__file__).parents[1]
 
 def test_the_ladder_times_eager_and_graph_boundaries_on_one_gpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARXTUNE_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), ARXTUNE_BOOT_OUT=str(tmp_path),
-               ARXTUNE_BOOT_BUDGET_S="2")
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                             str(TESTS / "helpers" / "ladder_gpu_worker.py")], env=env, capture_output=True, text=True, timeout=300)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), ARXTUNE_BOOT_OUT=str(tmp_path), ARXTUNE_BOOT_BUDGET_S="2"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            str(TESTS / "helpers" / "ladder_gpu_worker.py"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = {r["policy"]: r["line"] for r in (json.loads(x[7:]) for x in result.stdout.splitlines() if x.startswith("RESULT "))}
     for policy, line in lines.items():

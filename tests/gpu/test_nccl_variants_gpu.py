@@ -40,12 +40,32 @@ def _env(**extra):
 
 def test_a_one_gpu_sweep_runs_checks_and_records_each_variant(tmp_path):
     config = tmp_path / "variants.toml"
-    config.write_text('[sweep]\nbackends = ["nccl"]\nops = ["all_reduce", "all_gather"]\ndtypes = ["bfloat16"]\n'
-                      'modes = ["eager", "graph"]\nmin_bytes = "4KiB"\nmax_bytes = "1MiB"\nstep_factor = 16\npoint_budget_s = 0.05\n'
-                      '[sweep.backend_options.nccl]\nvariants = ["proto=LL", "channels=2,proto=simple"]\n')
-    result = subprocess.run([sys.executable, "-m", "arxtune", "sweep", "-c", str(config), "--nproc-per-node", "1", "--out",
-                             str(tmp_path), "--run-id", "variants", "--no-progress"], env=_env(), capture_output=True, text=True,
-                            timeout=600)
+    config.write_text(
+        '[sweep]\nbackends = ["nccl"]\nops = ["all_reduce", "all_gather"]\ndtypes = ["bfloat16"]\n'
+        'modes = ["eager", "graph"]\nmin_bytes = "4KiB"\nmax_bytes = "1MiB"\nstep_factor = 16\npoint_budget_s = 0.05\n'
+        '[sweep.backend_options.nccl]\nvariants = ["proto=LL", "channels=2,proto=simple"]\n'
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arxtune",
+            "sweep",
+            "-c",
+            str(config),
+            "--nproc-per-node",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "variants",
+            "--no-progress",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     run = load_run(tmp_path / "variants")
     assert list(run.meta.backends) == ["nccl", *VARIANTS]
@@ -56,8 +76,13 @@ def test_a_one_gpu_sweep_runs_checks_and_records_each_variant(tmp_path):
         rows = frame[frame.backend == name]
         assert len(rows) == 2 * 2 * 3 and set(rows.status) == {"ok"}, rows[["op", "mode", "size", "status", "error"]]
     assert (tmp_path / "variants" / "thresholds.json").exists()
-    exported = subprocess.run([sys.executable, "-m", "arxtune", "calibrate", str(tmp_path / "variants"), "--baseline", "nccl",
-                               "--export", "nccl-tuner"], env=_env(), capture_output=True, text=True, timeout=300)
+    exported = subprocess.run(
+        [sys.executable, "-m", "arxtune", "calibrate", str(tmp_path / "variants"), "--baseline", "nccl", "--export", "nccl-tuner"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert exported.returncode == 0, exported.stdout + exported.stderr
     assert (tmp_path / "variants" / "nccl-tuner.csv").exists()
 
@@ -94,9 +119,16 @@ dist.destroy_process_group()
 def _create(tmp_path, names: list[str], world: int = 1, **env) -> list[str]:
     """Run CREATE on `world` ranks (one GPU each), creating `names` in order; each rank's output."""
     store = tmp_path / f"store-{os.urandom(4).hex()}"  # torch's file store: a fresh file per group
-    procs = [subprocess.Popen([sys.executable, "-c", CREATE, str(rank), str(world), str(store), *names],
-                              env=_env(NCCL_DEBUG="INFO", **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CREATE, str(rank), str(world), str(store), *names],
+            env=_env(NCCL_DEBUG="INFO", **env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
     said = []
     for proc in procs:
         try:
@@ -148,8 +180,7 @@ def test_a_variants_settings_reach_its_communicator_alone_at_one_rank(tmp_path):
     print(f"one rank: NCCL's own choice {own} channels; nccl[channels=3] 3, nccl[channels=5] 5")
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2,
-                    reason="NCCL takes a protocol or algorithm only with two ranks or more: needs 2 GPUs")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL takes a protocol or algorithm only with two ranks or more: needs 2 GPUs")
 def test_nccl_itself_takes_each_variants_settings_at_two_ranks(tmp_path):
     names = ["nccl[proto=LL,algo=Ring]", "nccl", "nccl[channels=2]"]
     said = _create(tmp_path, names, world=2, NCCL_DEBUG_SUBSYS="INIT,ENV,TUNING")

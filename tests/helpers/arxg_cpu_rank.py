@@ -76,12 +76,12 @@ class CpuRank:
                     self._wait(seg.flags, L.flag_index(k, src, dev), seq, ERR_PEER_TIMEOUT, src, seq)
         n = inbox_bytes(op, nbytes, s.world) // inp.element_size()
         flat_in = inp.reshape(-1)
-        own = flat_in[s.rank * n:(s.rank + 1) * n] if op == "reduce_scatter" else flat_in
+        own = flat_in[s.rank * n : (s.rank + 1) * n] if op == "reduce_scatter" else flat_in
         parts = [own if src == s.rank else _typed(s.source(src, k, op, nbytes), n, inp.dtype) for src in range(s.world)]
         flat = out.reshape(-1)
         if op == "all_gather":
             for src, part in enumerate(parts):
-                flat[src * n:(src + 1) * n] = part
+                flat[src * n : (src + 1) * n] = part
             return
         acc = torch.zeros(n, dtype=accumulator(inp.dtype))
         for part in parts:
@@ -119,7 +119,7 @@ class RanksOnOneGpu:
         except BaseException:
             for r in self.ranks:
                 r.close()
-            for s in sessions[len(self.ranks):]:
+            for s in sessions[len(self.ranks) :]:
                 s.close()
             raise
         self.streams = [torch.cuda.Stream() for _ in self.ranks]

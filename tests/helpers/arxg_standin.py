@@ -26,8 +26,13 @@ def main() -> int:
     rank, world, n, calls, salts = int(rank), int(world), int(n), int(calls), int(salts)  # type: ignore[assignment]
     dtype = getattr(torch, dtype)
     store = torch.distributed.TCPStore("127.0.0.1", int(port), world, False, timeout=__import__("datetime").timedelta(seconds=60))  # type: ignore[arg-type]
-    session = open_session(RdmaConfig(max_bytes=1 << 20, timeout_s=float(timeout_s)), rank, world,  # type: ignore[arg-type]
-                           store_exchange(store, rank, world), "shm")  # type: ignore[arg-type]
+    session = open_session(
+        RdmaConfig(max_bytes=1 << 20, timeout_s=float(timeout_s)),
+        rank,  # type: ignore[arg-type]
+        world,  # type: ignore[arg-type]
+        store_exchange(store, rank, world),  # type: ignore[arg-type]
+        "shm",
+    )
     standin = CpuRank(session)
     cpu = torch.device("cpu")
     inputs = [make_input(op, n, rank, world, dtype, cpu, s) for s in range(salts)]  # type: ignore[arg-type, call-overload]

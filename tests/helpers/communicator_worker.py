@@ -22,14 +22,25 @@ def table(op, world_size, ranges):
     return Table(op, "float32", world_size, tuple(ranges))
 
 
-routing = Thresholds("gloo", 0.05, {"run_id": "test"}, (
-    table("all_reduce", world, [Range(0, 4096, "counting"), Range(4096, 1 << 20, "gloo"), Range(1 << 20, None, "arx")]),
-    table("all_gather", world, [Range(0, None, "counting")]),
-    table("reduce_scatter", world, [Range(0, 2048, "gloo"), Range(2048, None, "counting")]),
-))
+routing = Thresholds(
+    "gloo",
+    0.05,
+    {"run_id": "test"},
+    (
+        table("all_reduce", world, [Range(0, 4096, "counting"), Range(4096, 1 << 20, "gloo"), Range(1 << 20, None, "arx")]),
+        table("all_gather", world, [Range(0, None, "counting")]),
+        table("reduce_scatter", world, [Range(0, 2048, "gloo"), Range(2048, None, "counting")]),
+    ),
+)
 comm = Communicator.from_env(routing)
-cases = [("all_reduce", 256, 1), ("all_reduce", 4096, 0), ("all_reduce", 1 << 20, 0),  # (op, elements/rank, counted calls)
-         ("all_gather", 100, 1), ("reduce_scatter", 100, 0), ("reduce_scatter", 1024, 1)]
+cases = [
+    ("all_reduce", 256, 1),
+    ("all_reduce", 4096, 0),
+    ("all_reduce", 1 << 20, 0),  # (op, elements/rank, counted calls)
+    ("all_gather", 100, 1),
+    ("reduce_scatter", 100, 0),
+    ("reduce_scatter", 1024, 1),
+]
 for op, n, counted in cases:
     before = sum(CountingGloo.calls.values())
     x = make_input(op, n, rank, world, torch.float32, torch.device("cpu"))

@@ -59,17 +59,20 @@ os.environ["ARXTUNE_OVERRIDES"] = "all_reduce/float32@graph:0-2KiB=counting"
 comm = Communicator.from_env(path, capturing=lambda: capturing[0])
 if rank == 0:
     print(comm.summary(), file=sys.stderr)
-check(comm, [
-    ("all_reduce", f32, CROSSOVER // 4, False, "counting"),
-    ("all_reduce", f32, CROSSOVER, False, "counting"),
-    ("all_reduce", f32, CROSSOVER * 2, False, "gloo"),
-    ("all_reduce", f32, CROSSOVER * 4, False, "gloo"),
-    ("all_reduce", f32, CROSSOVER * 4, True, "capcounting"),  # the graph table while capturing
-    ("all_reduce", f32, 1 * KiB, True, "gloo"),  # overridden to counting, which cannot be captured
-    ("all_reduce", f32, 1 * KiB, False, "counting"),
-    ("reduce_scatter", f32, 8 * KiB, False, "limited"),  # up to the max_bytes the file recorded
-    ("reduce_scatter", f32, 16 * KiB, False, "gloo"),  # beyond it the table gives the baseline
-])
+check(
+    comm,
+    [
+        ("all_reduce", f32, CROSSOVER // 4, False, "counting"),
+        ("all_reduce", f32, CROSSOVER, False, "counting"),
+        ("all_reduce", f32, CROSSOVER * 2, False, "gloo"),
+        ("all_reduce", f32, CROSSOVER * 4, False, "gloo"),
+        ("all_reduce", f32, CROSSOVER * 4, True, "capcounting"),  # the graph table while capturing
+        ("all_reduce", f32, 1 * KiB, True, "gloo"),  # overridden to counting, which cannot be captured
+        ("all_reduce", f32, 1 * KiB, False, "counting"),
+        ("reduce_scatter", f32, 8 * KiB, False, "limited"),  # up to the max_bytes the file recorded
+        ("reduce_scatter", f32, 16 * KiB, False, "gloo"),  # beyond it the table gives the baseline
+    ],
+)
 assert comm.calls[("all_reduce", "gloo")] >= 3 and comm.calls[("all_reduce", "capcounting")] == 1, comm.calls
 comm.close()
 
@@ -84,15 +87,30 @@ del os.environ["ARXTUNE_OVERRIDES"]
 
 # Measured somewhere else, and told to be strict: every call goes to the baseline.
 elsewhere = load(path)
-elsewhere = dataclasses.replace(elsewhere, runs=tuple(
-    dataclasses.replace(r, fingerprint=dataclasses.replace(r.fingerprint, hostnames=("other",) * world)) for r in elsewhere.runs))
+elsewhere = dataclasses.replace(
+    elsewhere,
+    runs=tuple(
+        dataclasses.replace(r, fingerprint=dataclasses.replace(r.fingerprint, hostnames=("other",) * world)) for r in elsewhere.runs
+    ),
+)
 os.environ["ARXTUNE_FINGERPRINT"] = "strict"
 comm = Communicator.from_env(elsewhere)
 check(comm, [("all_reduce", f32, 1 * KiB, False, "gloo")])
 assert comm.thresholds is None and comm.dispatch.started.fingerprint.refused  # what is in force, as the router routes
 comm.close()
 
-harness = [m for m in ("arxtune.harness.sweep", "arxtune.harness.results", "arxtune.harness.stats", "arxtune.harness.calibrate", "pandas", "matplotlib") if m in sys.modules]
+harness = [
+    m
+    for m in (
+        "arxtune.harness.sweep",
+        "arxtune.harness.results",
+        "arxtune.harness.stats",
+        "arxtune.harness.calibrate",
+        "pandas",
+        "matplotlib",
+    )
+    if m in sys.modules
+]
 assert not harness, harness
 print("deployment ok", flush=True)
 dist.barrier()  # leave together: a rank tearing gloo down while a peer still talks to it can abort the peer

@@ -28,8 +28,9 @@ def write(path: Path, text: str | bytes) -> Path:
     return path
 
 
-def rdma_device(root: Path, name: str, gids, *, state="4: ACTIVE", link_layer="Ethernet", pci: str | None = None,
-                netdev_mtu: int | None = 9000) -> None:
+def rdma_device(
+    root: Path, name: str, gids, *, state="4: ACTIVE", link_layer="Ethernet", pci: str | None = None, netdev_mtu: int | None = 9000
+) -> None:
     """gids: [(gid, type, netdev)]; pci: the PCI function ("0000:01:00.1") its `device` link names."""
     port = root / "sys/class/infiniband" / name / "ports/1"
     write(port / "state", state + "\n")
@@ -89,8 +90,16 @@ class FakeGpus:
         return self.gpus
 
 
-GB10 = {"index": 0, "name": "NVIDIA GB10", "capability": "12.1", "integrated": 1, "pageable_memory_access": 1,
-        "host_page_tables": 1, "gpu_direct_rdma": 0, "dma_buf": 0}
+GB10 = {
+    "index": 0,
+    "name": "NVIDIA GB10",
+    "capability": "12.1",
+    "integrated": 1,
+    "pageable_memory_access": 1,
+    "host_page_tables": 1,
+    "gpu_direct_rdma": 0,
+    "dma_buf": 0,
+}
 
 
 def spark(root: Path, **host_args) -> Host:
@@ -108,8 +117,17 @@ def spark(root: Path, **host_args) -> Host:
     (root / "etc/libibverbs.d").mkdir(parents=True, exist_ok=True)
     home = root / "home"
     home.mkdir(exist_ok=True)
-    args = dict(root=root, home=home, env={}, machine="aarch64", verbs=FakeVerbs(root=root), gpus=FakeGpus([dict(GB10)]),
-                addresses={"enp1s0f1np1": ["10.0.0.1/24"], "enP2p1s0f1np1": ["10.0.1.1/24"], "wlP9s9": ["192.168.1.20/24"]},
-                memlock=None, euid=1000, torch_nccl=str(lib))
+    args = dict(
+        root=root,
+        home=home,
+        env={},
+        machine="aarch64",
+        verbs=FakeVerbs(root=root),
+        gpus=FakeGpus([dict(GB10)]),
+        addresses={"enp1s0f1np1": ["10.0.0.1/24"], "enP2p1s0f1np1": ["10.0.1.1/24"], "wlP9s9": ["192.168.1.20/24"]},
+        memlock=None,
+        euid=1000,
+        torch_nccl=str(lib),
+    )
     args.update(host_args)
     return Host(**args)  # type: ignore[arg-type]

@@ -62,8 +62,20 @@ def works(comm, nbytes):
 
 def report(name, comm, took, same, **extra):
     if rank == 0:
-        print("RESULT " + json.dumps({"scenario": name, "line": comm.summary(), "took_s": took, "same_tables": same,
-                                      "picks": picks(comm, [2 * KiB, 48 * KiB, 1024 * KiB]), **extra}), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "scenario": name,
+                    "line": comm.summary(),
+                    "took_s": took,
+                    "same_tables": same,
+                    "picks": picks(comm, [2 * KiB, 48 * KiB, 1024 * KiB]),
+                    **extra,
+                }
+            ),
+            flush=True,
+        )
     comm.close()
 
 
@@ -76,16 +88,21 @@ for policy in ("off", "check", "adjust"):
 # all_gather keeps the ranges the file gives it.
 graph = [False]
 wrong_ranges = (Range(0, 64 * KiB, "capwrong"), Range(64 * KiB, None, "gloo"))
-wrong_file = Thresholds("gloo", 0.05, {}, tuple(Table(op, "float32", world, wrong_ranges, mode, "test", mode)
-                                               for op in ("all_reduce", "all_gather") for mode in ("eager", "graph")))
+wrong_file = Thresholds(
+    "gloo",
+    0.05,
+    {},
+    tuple(
+        Table(op, "float32", world, wrong_ranges, mode, "test", mode) for op in ("all_reduce", "all_gather") for mode in ("eager", "graph")
+    ),
+)
 for policy in ("check", "adjust"):
     comm, took, same = start(policy, wrong_file, capturing=lambda: graph[0])
     works(comm, 2 * KiB)
     graph[0] = True
     in_graph = {op: comm.choose(op, f32, 2 * KiB).name for op in ("all_reduce", "all_gather")}
     graph[0] = False
-    report(f"wrong-{policy}", comm, took, same, in_graph=in_graph,
-           all_gather=comm.choose("all_gather", f32, 2 * KiB).name)
+    report(f"wrong-{policy}", comm, took, same, in_graph=in_graph, all_gather=comm.choose("all_gather", f32, 2 * KiB).name)
 
 hangs = REGISTRY.pop("hangs")  # not candidates of the file-less ladder
 REGISTRY.pop("capwrong")

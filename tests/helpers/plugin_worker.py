@@ -45,7 +45,10 @@ def routed(comm, dispatch, nbytes: int) -> str:
     backend = dispatch.pick("all_reduce", x)
     if backend is None:
         return "vllm"
-    bad = mismatch(dispatch.run(backend, "all_reduce", x).view(-1), expected_output("all_reduce", n, comm.rank_in_group, comm.world_size, torch.float32))
+    bad = mismatch(
+        dispatch.run(backend, "all_reduce", x).view(-1),
+        expected_output("all_reduce", n, comm.rank_in_group, comm.world_size, torch.float32),
+    )
     assert bad is None, (comm.world_size, nbytes, bad)
     return backend.name
 

@@ -29,9 +29,19 @@ os.environ.update(ARXTUNE_BOOT="off", ARXTUNE_VERIFY="2")
 comm = Communicator.from_env(routed)
 right = [bool(torch.equal(comm.all_reduce(torch.ones(256)), torch.full((256,), float(world)))) for _ in range(10)]
 if rank == 0:
-    print("RESULT " + json.dumps({"scenario": "verify", "right": right, "line": comm.summary(),
-                                  "calls": {f"{op}:{name}": n for (op, name), n in comm.calls.items()},
-                                  "excluded": [list(k) + [v] for k, v in comm.router.excluded.items()]}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "scenario": "verify",
+                "right": right,
+                "line": comm.summary(),
+                "calls": {f"{op}:{name}": n for (op, name), n in comm.calls.items()},
+                "excluded": [list(k) + [v] for k, v in comm.router.excluded.items()],
+            }
+        ),
+        flush=True,
+    )
 comm.close()
 del os.environ["ARXTUNE_VERIFY"]
 

@@ -23,8 +23,11 @@ threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
 def no_thread_of_arxtune_left() -> None:
     """By the time the interpreter finalizes, arxtune's gloo group and its threads are gone."""
     if threads() > before:
-        print(f"{threads()} threads at exit, {before} before the communicator: a gloo group of arxtune's lives on",
-              file=sys.stderr, flush=True)
+        print(
+            f"{threads()} threads at exit, {before} before the communicator: a gloo group of arxtune's lives on",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(3)
 
 

@@ -20,6 +20,7 @@ KiB = 1024
 
 def _latency(crossover):
     """Eager: 'counting' wins all_reduce up to `crossover`, 'limited' wins reduce_scatter; graph: 'capcounting' wins."""
+
     def latency(backend, nbytes, mode, op):
         if mode == "graph":
             return {"capcounting": 1.0, "gloo": 20.0}.get(backend, 40.0)
@@ -28,6 +29,7 @@ def _latency(crossover):
         if backend == "counting":
             return 10.0 if nbytes <= crossover else 40.0
         return {"gloo": 20.0, "capcounting": 30.0}.get(backend, 50.0)
+
     return latency
 
 
@@ -35,18 +37,46 @@ def _latency(crossover):
 def test_one_calibrated_file_serves_a_tp2_and_a_tp3_job(tmp_path):
     sizes = [1 << k for k in range(10, 19)]
     limited = {"limited": {"options": {"max_bytes": 8 * KiB}, "capacity": {"reduce_scatter": 8 * KiB, "all_reduce": 8 * KiB}}}
-    runs = [make_run(tmp_path, _latency(crossover), sizes, backends=("gloo", "counting", "capcounting", "limited"),
-                     ops=("all_reduce", "reduce_scatter"), world=world, run_id=f"w{world}", views=("eager", "graph"),
-                     status_extra=limited, hostnames=[socket.gethostname()] * world)
-            for world, crossover in ((2, 8 * KiB), (3, 32 * KiB))]
+    runs = [
+        make_run(
+            tmp_path,
+            _latency(crossover),
+            sizes,
+            backends=("gloo", "counting", "capcounting", "limited"),
+            ops=("all_reduce", "reduce_scatter"),
+            world=world,
+            run_id=f"w{world}",
+            views=("eager", "graph"),
+            status_extra=limited,
+            hostnames=[socket.gethostname()] * world,
+        )
+        for world, crossover in ((2, 8 * KiB), (3, 32 * KiB))
+    ]
     path = calibrate(runs).save(tmp_path / "thresholds.json")
-    extra = "counting=helpers.backends:CountingGloo,capcounting=helpers.backends:CapturableCounting,limited=helpers.backends:LimitedCounting"
+    extra = (
+        "counting=helpers.backends:CountingGloo,capcounting=helpers.backends:CapturableCounting,limited=helpers.backends:LimitedCounting"
+    )
     for world in (2, 3):
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ARXTUNE_OVERRIDES", "ARXTUNE_FINGERPRINT")}
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ARXTUNE_OVERRIDES", "ARXTUNE_FINGERPRINT")
+        }
         env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), ARXTUNE_EXTRA_BACKENDS=extra, OMP_NUM_THREADS="1")
-        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-                                 str(TESTS / "helpers" / "deployment_worker.py"), str(path)],
-                                env=env, capture_output=True, text=True, timeout=240)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(world),
+                str(TESTS / "helpers" / "deployment_worker.py"),
+                str(path),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count("deployment ok") == world, result.stdout
         line = next(x for x in result.stderr.splitlines() if x.startswith("arxtune: world"))

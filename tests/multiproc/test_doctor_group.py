@@ -20,8 +20,12 @@ def _free_port() -> int:
 
 
 def test_two_ranks_print_one_table_and_a_verdict(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "arxtune", "doctor", "--nproc-per-node", "2", "--timeout-s", "60",
-                          "--report", str(tmp_path / "group.tgz")], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "arxtune", "doctor", "--nproc-per-node", "2", "--timeout-s", "60", "--report", str(tmp_path / "group.tgz")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert any(line.split()[:4] == ["what", "rank", "0", f"({socket.gethostname()})"] for line in lines), out.stdout
@@ -32,11 +36,20 @@ def test_two_ranks_print_one_table_and_a_verdict(tmp_path):
 
 
 def test_a_rank_that_never_comes_is_named_within_the_timeout(tmp_path):
-    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), TORCHELASTIC_RUN_ID="doctor-test")
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="2",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        TORCHELASTIC_RUN_ID="doctor-test",
+    )
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "arxtune", "doctor", "--timeout-s", "5"], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "arxtune", "doctor", "--timeout-s", "5"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "the group stopped answering during the rendezvous within 5 s" in out.stdout
     assert time.monotonic() - t0 < 60

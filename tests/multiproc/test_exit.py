@@ -24,11 +24,21 @@ KiB = 1024
 
 
 def _thresholds(world: int) -> dict:
-    ranges = [{"lo": 0, "hi": 64 * KiB, "backend": "counting", "source": "measured"},
-              {"lo": 64 * KiB, "hi": None, "backend": "gloo", "source": "measured"}]
-    return {"kind": "arxtune-thresholds", "version": 2, "baseline": "gloo", "margin": 0.05, "provenance": {},
-            "tables": [{"op": "all_reduce", "dtype": "float32", "world_size": world, "mode": "eager", "ranges": ranges}],
-            "models": [], "runs": [], "backend_setup": {}}
+    ranges = [
+        {"lo": 0, "hi": 64 * KiB, "backend": "counting", "source": "measured"},
+        {"lo": 64 * KiB, "hi": None, "backend": "gloo", "source": "measured"},
+    ]
+    return {
+        "kind": "arxtune-thresholds",
+        "version": 2,
+        "baseline": "gloo",
+        "margin": 0.05,
+        "provenance": {},
+        "tables": [{"op": "all_reduce", "dtype": "float32", "world_size": world, "mode": "eager", "ranges": ranges}],
+        "models": [],
+        "runs": [],
+        "backend_setup": {},
+    }
 
 
 @pytest.mark.multiproc
@@ -36,19 +46,39 @@ def test_the_readme_usage_exits_cleanly_30_times(tmp_path):
     path = tmp_path / "thresholds.json"
     path.write_text(json.dumps(_thresholds(2)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARXTUNE_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
-               ARXTUNE_EXTRA_BACKENDS="counting=helpers.backends:CountingGloo", ARXTUNE_THRESHOLDS=str(path),
-               ARXTUNE_BOOT_OUT=str(tmp_path / "boot"), ARXTUNE_BOOT_BUDGET_S="0.2")
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        ARXTUNE_EXTRA_BACKENDS="counting=helpers.backends:CountingGloo",
+        ARXTUNE_THRESHOLDS=str(path),
+        ARXTUNE_BOOT_OUT=str(tmp_path / "boot"),
+        ARXTUNE_BOOT_BUDGET_S="0.2",
+    )
 
     def job(i: int) -> tuple[int, subprocess.CompletedProcess]:
         args = ["close"] if i % 2 else []  # half close, half just end
-        return i, subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                                  str(TESTS / "helpers" / "usage_worker.py"), *args],
-                                 env=env, capture_output=True, text=True, timeout=240)
+        return i, subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(TESTS / "helpers" / "usage_worker.py"),
+                *args,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(job, range(RUNS)))
-    failed = [(i, r.returncode) for i, r in results if r.returncode != 0 or "terminate called" in r.stderr
-              or r.stdout.count("usage ok") != 2]
+    failed = [
+        (i, r.returncode) for i, r in results if r.returncode != 0 or "terminate called" in r.stderr or r.stdout.count("usage ok") != 2
+    ]
     assert not failed, f"{len(failed)} of {RUNS} jobs did not exit cleanly {failed}:\n" + next(
-        r.stdout + r.stderr for i, r in results if (i, r.returncode) in failed)
+        r.stdout + r.stderr for i, r in results if (i, r.returncode) in failed
+    )

@@ -33,13 +33,31 @@ SLACK_S = 3.0
 
 def _launch(world: int, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARXTUNE_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
-               ARXTUNE_EXTRA_BACKENDS="slowabove=helpers.backends:SlowAbove,hangs=helpers.backends:Hangs,"
-                                      "capwrong=helpers.backends:CapturableWrong",
-               ARXTUNE_BOOT_OUT=str(tmp_path / "boot"), ARXTUNE_BOOT_BUDGET_S=str(BUDGET_S), ARXTUNE_TEST_HANG_S=str(HANG_S))
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-                           str(TESTS / "helpers" / "ladder_worker.py"), str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        ARXTUNE_EXTRA_BACKENDS="slowabove=helpers.backends:SlowAbove,hangs=helpers.backends:Hangs,"
+        "capwrong=helpers.backends:CapturableWrong",
+        ARXTUNE_BOOT_OUT=str(tmp_path / "boot"),
+        ARXTUNE_BOOT_BUDGET_S=str(BUDGET_S),
+        ARXTUNE_TEST_HANG_S=str(HANG_S),
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(world),
+            str(TESTS / "helpers" / "ladder_worker.py"),
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.multiproc
@@ -49,7 +67,7 @@ def test_the_ladder_checks_adjusts_builds_and_keeps_its_budget(world, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("ladder ok") == world, result.stdout
     # Another rank's "ladder ok" may land on the end of rank 0's last line: read the JSON document alone.
-    results = (json.JSONDecoder().raw_decode(x[len("RESULT "):])[0] for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    results = (json.JSONDecoder().raw_decode(x[len("RESULT ") :])[0] for x in result.stdout.splitlines() if x.startswith("RESULT "))
     got = {r["scenario"]: r for r in results}
     assert all(r["same_tables"] for r in got.values()), got
     mid, big = str(48 * KiB), str(1024 * KiB)
@@ -75,20 +93,30 @@ def test_the_ladder_checks_adjusts_builds_and_keeps_its_budget(world, tmp_path):
 
     for policy in ("check", "adjust"):  # wrong is out: every mode, check and adjust alike, one warning each
         wrong = got[f"wrong-{policy}"]
-        assert f"ladder {policy}: 2 boundaries, " in wrong["line"] and "all_reduce/float32 capwrong|gloo 64KiB out (capwrong failed)" in wrong["line"]
+        assert (
+            f"ladder {policy}: 2 boundaries, " in wrong["line"]
+            and "all_reduce/float32 capwrong|gloo 64KiB out (capwrong failed)" in wrong["line"]
+        )
         assert "out 1 (capwrong all_reduce/float32)" in wrong["line"]
         assert "all_reduce/float32 [0B, 64KiB) -> capwrong" not in wrong["line"]
         assert wrong["picks"][str(2 * KiB)] == "gloo" and wrong["in_graph"]["all_reduce"] == "gloo"
         assert wrong["all_gather"] == "capwrong" and wrong["in_graph"]["all_gather"] == "capwrong"  # right there: the file's choice
     said = [line for line in result.stderr.splitlines() if "capwrong is out of all_reduce/float32" in line]
     assert len(said) == 2, said  # once per policy, from rank 0
-    assert all("in every mode for the life of this process: start-up ladder, eager at 32KiB: rank 1: wrong result: "
-               "1 of 8192 elements wrong; first at 0: got " in line and line.endswith("; those calls use gloo") for line in said), said
+    assert all(
+        "in every mode for the life of this process: start-up ladder, eager at 32KiB: rank 1: wrong result: "
+        "1 of 8192 elements wrong; first at 0: got "
+        in line
+        and line.endswith("; those calls use gloo")
+        for line in said
+    ), said
 
     hangs = got["hangs"]  # a backend that times out at start-up is out as well
     assert HANG_S <= hangs["took_s"] < BUDGET_S + HANG_S + SLACK_S, hangs
-    assert ("hangs is out of all_reduce/float32 in every mode for the life of this process: start-up ladder, eager at 32KiB: "
-            "rank 0: TimeoutError: gave up after 3 s") in result.stderr
+    assert (
+        "hangs is out of all_reduce/float32 in every mode for the life of this process: start-up ladder, eager at 32KiB: "
+        "rank 0: TimeoutError: gave up after 3 s"
+    ) in result.stderr
     assert "-> hangs" not in hangs["line"] and hangs["picks"][str(2 * KiB)] == "gloo"
 
     runs = [load_run(p) for p in sorted((tmp_path / "boot").iterdir())]

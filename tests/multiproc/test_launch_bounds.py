@@ -37,31 +37,63 @@ def test_a_node_that_never_comes_ends_the_sweep_at_its_timeout(tmp_path):
     config.write_text('[sweep]\ntimeout_s = 5\nbackends = ["gloo"]\n')
     endpoint = f"127.0.0.1:{_free_port()}"
     started = time.monotonic()
-    sweep = subprocess.run([sys.executable, "-m", "arxtune", "sweep", "-c", str(config), "--nnodes", "2", "--nproc-per-node", "1",
-                            "--rdzv-endpoint", endpoint, "--out", str(tmp_path / "out")],
-                           env=_environment(), capture_output=True, text=True, timeout=100)
+    sweep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arxtune",
+            "sweep",
+            "-c",
+            str(config),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-endpoint",
+            endpoint,
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     took = time.monotonic() - started
     assert sweep.returncode == 2 and took < 60, (took, sweep.stderr)
-    assert sweep.stderr.splitlines()[-1] == (f"arxtune: error: the rendezvous at {endpoint} did not complete within timeout_s (5 s): "
-                                             "not all 2 nodes came (--nnodes); nothing was measured"), sweep.stderr
+    assert sweep.stderr.splitlines()[-1] == (
+        f"arxtune: error: the rendezvous at {endpoint} did not complete within timeout_s (5 s): "
+        "not all 2 nodes came (--nnodes); nothing was measured"
+    ), sweep.stderr
     assert "Traceback" not in sweep.stderr.splitlines()[-1] and not list((tmp_path / "out").iterdir())
 
 
 @pytest.mark.timeout(180)
 def test_a_frozen_rank_ends_the_sweep_at_the_timeout(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text('[sweep]\ntimeout_s = 8\nbackends = ["gloo"]\nviews = ["eager"]\ndtypes = ["float32", "bfloat16", "float16"]\n'
-                      'min_bytes = "1KiB"\nmax_bytes = "16KiB"\nstep_factor = 4\npoint_budget_s = 0.3\n')
-    sweep = subprocess.Popen([sys.executable, "-m", "arxtune", "sweep", "-c", str(config), "--out", str(tmp_path), "--run-id", "run",
-                              "--no-progress"], env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+    config.write_text(
+        '[sweep]\ntimeout_s = 8\nbackends = ["gloo"]\nviews = ["eager"]\ndtypes = ["float32", "bfloat16", "float16"]\n'
+        'min_bytes = "1KiB"\nmax_bytes = "16KiB"\nstep_factor = 4\npoint_budget_s = 0.3\n'
+    )
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "arxtune", "sweep", "-c", str(config), "--out", str(tmp_path), "--run-id", "run", "--no-progress"],
+        env=_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     points = tmp_path / "run" / POINTS_FILE
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and sweep.poll() is None and not (points.exists() and points.read_text().count("\n") >= 2):
         time.sleep(0.1)
     assert sweep.poll() is None, "the sweep ended before a rank could be frozen"
-    ranks = [pid for pid in _descendants(sweep.pid) if "arxtune" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-             and "torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
+    ranks = [
+        pid
+        for pid in _descendants(sweep.pid)
+        if "arxtune" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        and "torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    ]
     assert len(ranks) == 2, ranks
     os.kill(max(ranks), signal.SIGSTOP)
     frozen = time.monotonic()

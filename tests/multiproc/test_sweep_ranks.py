@@ -19,20 +19,28 @@ from arxtune.runtime.thresholds import load
 
 pytestmark = pytest.mark.multiproc
 TESTS = Path(__file__).parents[1]
-EXTRA = ("counting=helpers.backends:CountingGloo,offbyone=helpers.backends:OffByOne,dies=helpers.backends:DiesAtSize,"
-         "laterwrong=helpers.backends:WrongAfterCheck,smallonly=helpers.backends:SmallOnly,reversed=helpers.backends:ReversedSum")
+EXTRA = (
+    "counting=helpers.backends:CountingGloo,offbyone=helpers.backends:OffByOne,dies=helpers.backends:DiesAtSize,"
+    "laterwrong=helpers.backends:WrongAfterCheck,smallonly=helpers.backends:SmallOnly,reversed=helpers.backends:ReversedSum"
+)
 SMALL = ["--min-bytes", "1KiB", "--max-bytes", "16KiB", "--step-factor", "4", "--point-budget-s", "0.02", "--no-progress"]
 
 
 def environment(env=None):
     environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    environment.update(PYTHONPATH=os.pathsep.join([str(TESTS), environment.get("PYTHONPATH", "")]), ARXTUNE_EXTRA_BACKENDS=EXTRA,
-                       ARXTUNE_DEVICE="cpu", **(env or {}))
+    environment.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS), environment.get("PYTHONPATH", "")]),
+        ARXTUNE_EXTRA_BACKENDS=EXTRA,
+        ARXTUNE_DEVICE="cpu",
+        **(env or {}),
+    )
     return environment
 
 
 def arxtune(*args, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "arxtune", *map(str, args)], env=environment(env), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "arxtune", *map(str, args)], env=environment(env), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def error_lines(stderr):
@@ -41,8 +49,20 @@ def error_lines(stderr):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sweep_calibrate_plot(tmp_path, world):
-    result = arxtune("sweep", "--nproc-per-node", world, "--backends", "gloo,offbyone,laterwrong,arx", "--dtypes", "float32,bfloat16",
-                     "--out", tmp_path, "--run-id", "run", *SMALL)
+    result = arxtune(
+        "sweep",
+        "--nproc-per-node",
+        world,
+        "--backends",
+        "gloo,offbyone,laterwrong,arx",
+        "--dtypes",
+        "float32,bfloat16",
+        "--out",
+        tmp_path,
+        "--run-id",
+        "run",
+        *SMALL,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     run = load_run(tmp_path / "run")
     assert run.meta.world_size == world and run.meta.finished
@@ -74,9 +94,32 @@ def test_bitwise_at_world_3_tells_a_backend_that_adds_in_another_order(tmp_path)
     point. Small on purpose: all_reduce at two dtypes and two sizes, as few samples as a run may hold."""
     config = tmp_path / "few.toml"
     config.write_text("[sweep]\nwarmup_iters = 1\nrounds = 1\nmax_extra_rounds = 0\nmin_iters = 3\nmax_iters = 3\n")
-    result = arxtune("sweep", "-c", config, "--nproc-per-node", 3, "--backends", "gloo,reversed", "--ops", "all_reduce",
-                     "--dtypes", "float32,bfloat16", "--views", "eager", "--min-bytes", "1KiB", "--max-bytes", "4KiB", "--step-factor", "4",
-                     "--no-progress", "--out", tmp_path, "--run-id", "run")
+    result = arxtune(
+        "sweep",
+        "-c",
+        config,
+        "--nproc-per-node",
+        3,
+        "--backends",
+        "gloo,reversed",
+        "--ops",
+        "all_reduce",
+        "--dtypes",
+        "float32,bfloat16",
+        "--views",
+        "eager",
+        "--min-bytes",
+        "1KiB",
+        "--max-bytes",
+        "4KiB",
+        "--step-factor",
+        "4",
+        "--no-progress",
+        "--out",
+        tmp_path,
+        "--run-id",
+        "run",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     frame = load_run(tmp_path / "run").frame()
     assert len(frame) == 2 * 2 * 2 and set(frame.status) == {"ok"}
@@ -93,15 +136,36 @@ def test_bitwise_at_world_3_tells_a_backend_that_adds_in_another_order(tmp_path)
 
 
 def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measured(tmp_path):
-    slow = ["--backends", "gloo", "--dtypes", "float32,bfloat16,float16", "--views", "eager", "--min-bytes", "1KiB", "--max-bytes", "16KiB",
-            "--step-factor", "4", "--point-budget-s", "0.3", "--no-progress"]
+    slow = [
+        "--backends",
+        "gloo",
+        "--dtypes",
+        "float32,bfloat16,float16",
+        "--views",
+        "eager",
+        "--min-bytes",
+        "1KiB",
+        "--max-bytes",
+        "16KiB",
+        "--step-factor",
+        "4",
+        "--point-budget-s",
+        "0.3",
+        "--no-progress",
+    ]
     run = tmp_path / "run"
     points = run / POINTS_FILE
     # As from a terminal's foreground: Ctrl-C's SIGINT not ignored, though a shell's background job (where this
     # test may run) starts its children with it ignored.
-    sweep = subprocess.Popen([sys.executable, "-m", "arxtune", "sweep", *slow, "--out", str(tmp_path), "--run-id", "run"],
-                             env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "arxtune", "sweep", *slow, "--out", str(tmp_path), "--run-id", "run"],
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and sweep.poll() is None and not (points.exists() and points.read_text().count("\n") >= 3):
         time.sleep(0.1)
@@ -110,7 +174,9 @@ def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measu
     # The ranks stop in a few seconds; a rank left in a barrier would hold the pipes for its whole 120 s timeout.
     _, stderr = sweep.communicate(timeout=25)
     assert sweep.returncode == 130, stderr
-    assert error_lines(stderr) == [f"arxtune: error: interrupted; finished points are kept: continue with `arxtune sweep --resume {run}`"], stderr
+    assert error_lines(stderr) == [
+        f"arxtune: error: interrupted; finished points are kept: continue with `arxtune sweep --resume {run}`"
+    ], stderr
     assert "Traceback" not in stderr
     interrupted = points.read_bytes()
     complete = interrupted[: interrupted.rfind(b"\n") + 1]
@@ -121,7 +187,8 @@ def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measu
     # Refused without touching anything: a changed flag, and a run measured on other hosts.
     refused = arxtune("sweep", "--resume", run, *slow[:-3], "--point-budget-s", "0.1", "--no-progress")
     assert refused.returncode == 2 and error_lines(refused.stderr) == [
-        f"arxtune: error: --resume continues {run} with its own config; drop --point-budget-s (the run has 0.3) or start a new sweep"]
+        f"arxtune: error: --resume continues {run} with its own config; drop --point-budget-s (the run has 0.3) or start a new sweep"
+    ]
     moved = json.loads(meta_bytes)
     moved["hostnames"] = ["elsewhere"] * 2
     (run / "meta.json").write_text(json.dumps(moved))
@@ -137,8 +204,13 @@ def test_ctrl_c_keeps_every_point_and_resume_finishes_the_run_where_it_was_measu
     assert after.records[: len(before.records)] == before.records
     assert sorted(r.key for r in after.records) == sorted({*(r.key for r in after.records)})
     assert len(after.records) == 3 * 3 * 3 and all(r.status == "ok" and len(r.samples_us) >= 10 for r in after.records)
-    assert after.meta.finished and (after.meta.run_id, after.meta.started, after.meta.hostnames, after.meta.device_names, after.meta.config) == (
-        before.meta.run_id, before.meta.started, before.meta.hostnames, before.meta.device_names, before.meta.config)
+    assert after.meta.finished and (
+        after.meta.run_id,
+        after.meta.started,
+        after.meta.hostnames,
+        after.meta.device_names,
+        after.meta.config,
+    ) == (before.meta.run_id, before.meta.started, before.meta.hostnames, before.meta.device_names, before.meta.config)
     again = arxtune("sweep", "--resume", run)
     assert again.returncode == 2 and "nothing to resume" in again.stderr
 
@@ -160,16 +232,49 @@ def test_a_start_up_failure_on_rank_0_reaches_every_rank_at_once(tmp_path):
     (tmp_path / "file").write_text("")
     config = tmp_path / "c.toml"
     config.write_text("[sweep]\ntimeout_s = 300\n")  # a rank left waiting would outlive the test's own timeout
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "arxtune", "sweep",
-               "-c", config, "--backends", "gloo", "--out", tmp_path / "file", "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "arxtune",
+        "sweep",
+        "-c",
+        config,
+        "--backends",
+        "gloo",
+        "--out",
+        tmp_path / "file",
+        "--no-progress",
+    ]
     result = subprocess.run(list(map(str, command)), env=environment(), capture_output=True, text=True, timeout=90)
     assert result.returncode != 0
-    assert error_lines(result.stderr).count(f"arxtune: error: --out directory {tmp_path / 'file'} is a file, not a directory; choose another") == 2
+    assert (
+        error_lines(result.stderr).count(f"arxtune: error: --out directory {tmp_path / 'file'} is a file, not a directory; choose another")
+        == 2
+    )
 
 
 def test_a_rank_that_dies_fails_the_sweep_and_keeps_finished_points(tmp_path):
-    result = arxtune("sweep", "--backends", "dies", "--ops", "all_reduce", "--dtypes", "float32", "--out", tmp_path,
-                     "--run-id", "run", *SMALL, env={"ARXTUNE_TEST_DIE_AT": "8192"}, timeout=300)
+    result = arxtune(
+        "sweep",
+        "--backends",
+        "dies",
+        "--ops",
+        "all_reduce",
+        "--dtypes",
+        "float32",
+        "--out",
+        tmp_path,
+        "--run-id",
+        "run",
+        *SMALL,
+        env={"ARXTUNE_TEST_DIE_AT": "8192"},
+        timeout=300,
+    )
     assert result.returncode == 2
     [line] = error_lines(result.stderr)
     assert "a rank failed (torchrun exit" in line and line.endswith(f"continue with `arxtune sweep --resume {tmp_path / 'run'}`")
@@ -183,8 +288,13 @@ def test_communicator_picks_per_call(tmp_path):
     for world in (2, 3):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
         env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), ARXTUNE_EXTRA_BACKENDS=EXTRA, OMP_NUM_THREADS="1")
-        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), str(worker), str(tmp_path)],
-                                env=env, capture_output=True, text=True, timeout=240)
+        result = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), str(worker), str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count("communicator ok") == world, result.stdout
         assert f"using gloo for every call: the Thresholds given holds tables for world sizes [7], not {world}" in result.stderr

@@ -210,8 +210,9 @@ time.sleep(600)
 
 
 def test_the_proxy_exits_when_its_parent_dies(proxy_loop):
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    )
     try:
         pid, path = parent.stdout.readline().split()
         parent.kill()

@@ -20,9 +20,13 @@ def fresh_triton_cache(tmp_path, monkeypatch):
 
 
 #: every code path of collective_kernel (each op, integer and float sums, with and without alignment hints)
-VARIANTS = [aot.Variant("handshake"), aot.Variant("collective", "all_reduce", "bfloat16"),
-            aot.Variant("collective", "all_reduce", "float32", aligned=False),
-            aot.Variant("collective", "all_gather", "float16", ndev=2), aot.Variant("collective", "reduce_scatter", "int32")]
+VARIANTS = [
+    aot.Variant("handshake"),
+    aot.Variant("collective", "all_reduce", "bfloat16"),
+    aot.Variant("collective", "all_reduce", "float32", aligned=False),
+    aot.Variant("collective", "all_gather", "float16", ndev=2),
+    aot.Variant("collective", "reduce_scatter", "int32"),
+]
 
 
 @pytest.mark.parametrize("arch", list(aot.TARGETS))
@@ -36,15 +40,17 @@ def test_every_kernel_builds_for_the_target(arch):
 
 def test_doctor_says_when_the_local_triton_cannot_build_and_names_triton_ptxas_path(monkeypatch):
     def too_old(capability):
-        raise RuntimeError("PTXAS error: Internal Triton PTX codegen error\nptxas fatal : Value 'sm_121a' is not defined "
-                           "for option 'gpu-name'")
+        raise RuntimeError(
+            "PTXAS error: Internal Triton PTX codegen error\nptxas fatal : Value 'sm_121a' is not defined for option 'gpu-name'"
+        )
 
     line = aot.local_build_line(121, too_old)
     assert "cannot build for sm_121a: PTXAS error" in line and "set TRITON_PTXAS_PATH" in line
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/usr/local/cuda-12.8/bin/ptxas")
     assert "TRITON_PTXAS_PATH=/usr/local/cuda-12.8/bin/ptxas is set: that ptxas must know sm_121a" in aot.local_build_line(121, too_old)
     assert aot.local_build_line(90, lambda cap: None).endswith(
-        "builds arxg's handshake kernel for sm_90a here (ptxas from TRITON_PTXAS_PATH=/usr/local/cuda-12.8/bin/ptxas)")
+        "builds arxg's handshake kernel for sm_90a here (ptxas from TRITON_PTXAS_PATH=/usr/local/cuda-12.8/bin/ptxas)"
+    )
 
 
 def test_doctor_build_check_really_builds_for_a_target(monkeypatch):

@@ -18,8 +18,7 @@ from arxtune.runtime.rdma.graph import abi, aot, images
 from arxtune.runtime.rdma.graph.abi import AbiError, KernelImage
 from helpers.fake_cuda import FakeDriver
 
-pytestmark = [pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler here"),
-              pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler here"), pytest.mark.timeout(300)]
 
 #: the handshake kernel's entry as Triton 3.9 compiled it for sm_90a (two scratch pointers appended)
 HANDSHAKE_PTX = """.visible .entry handshake_kernel(
@@ -36,8 +35,19 @@ HANDSHAKE_ARGS = (("ctrl", "*i64"), ("counter", "*i64"), ("op_code", "i32"), ("t
 
 
 def _image(params, scratch, args=HANDSHAKE_ARGS, **kw) -> KernelImage:
-    return KernelImage(name="handshake_kernel", variant="handshake", arch="sm_90a", source="s", triton="x",
-                       num_warps=1, shared=0, args=args, params=tuple(params), scratch=scratch, **kw)
+    return KernelImage(
+        name="handshake_kernel",
+        variant="handshake",
+        arch="sm_90a",
+        source="s",
+        triton="x",
+        num_warps=1,
+        shared=0,
+        args=args,
+        params=tuple(params),
+        scratch=scratch,
+        **kw,
+    )
 
 
 def test_the_parameters_are_read_from_the_compiled_entry_point():
@@ -52,10 +62,12 @@ def test_the_parameters_are_read_from_the_compiled_entry_point():
 LAYOUTS = [
     pytest.param([8, 8, 4, 8], {}, [0x10, 0x20, 3, 7], id="no-appended-parameter"),
     pytest.param([8, 8, 4, 8, 8], {"global_scratch_size": 0}, [0x10, 0x20, 3, 7, 0], id="one-scratch-pointer"),
-    pytest.param([8, 8, 4, 8, 8, 8], {"global_scratch_size": 0, "profile_scratch_size": 0}, [0x10, 0x20, 3, 7, 0, 0],
-                 id="two-scratch-pointers"),
-    pytest.param([8, 8, 4, 8], {"global_scratch_size": 0, "profile_scratch_size": 0}, [0x10, 0x20, 3, 7],
-                 id="scratch-named-but-not-appended"),
+    pytest.param(
+        [8, 8, 4, 8, 8, 8], {"global_scratch_size": 0, "profile_scratch_size": 0}, [0x10, 0x20, 3, 7, 0, 0], id="two-scratch-pointers"
+    ),
+    pytest.param(
+        [8, 8, 4, 8], {"global_scratch_size": 0, "profile_scratch_size": 0}, [0x10, 0x20, 3, 7], id="scratch-named-but-not-appended"
+    ),
     pytest.param([8, 8, 4, 8, 8], {"global_scratch_size": 64}, "needs scratch memory", id="scratch-in-use"),
     pytest.param([8, 8, 4, 8, 8, 8], {"global_scratch_size": 0}, "2 parameters after the arguments", id="unaccounted"),
     pytest.param([8, 8, 4, 8, 4], {"global_scratch_size": 0}, "parameters after the arguments", id="appended-not-a-pointer"),
@@ -89,14 +101,28 @@ def built(tmp_path_factory):
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     os.environ["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
     source = images.source_hash()
-    return {v.name: aot.build_variant(v, 90, source) for v in (aot.Variant("handshake"), aot.Variant(),
-                                                                aot.Variant(aligned=False))}
+    return {v.name: aot.build_variant(v, 90, source) for v in (aot.Variant("handshake"), aot.Variant(), aot.Variant(aligned=False))}
 
 
 def test_a_real_build_records_its_layout_and_survives_its_file(built, tmp_path):
     image = built["all_reduce-bf16-w2-d1-a16"]
-    assert [a for a, _ in image.args] == ["inp", "out", "staging", "sources", "flags", "ctrl", "counter", "rank",
-                                          "n_stage", "n_part", "slot_elems", "nbytes", "ndev_used", "op_code", "timeout_ns"]
+    assert [a for a, _ in image.args] == [
+        "inp",
+        "out",
+        "staging",
+        "sources",
+        "flags",
+        "ctrl",
+        "counter",
+        "rank",
+        "n_stage",
+        "n_part",
+        "slot_elems",
+        "nbytes",
+        "ndev_used",
+        "op_code",
+        "timeout_ns",
+    ]
     assert image.params[:15] == (8,) * 7 + (4,) * 7 + (8,) and image.cubin[:4] == b"\x7fELF"
     image.check()
     store = images.Store(tmp_path)
@@ -132,13 +158,21 @@ def test_a_burst_launches_pairs_in_turn_each_after_the_busy_kernel_between_its_e
     pairs = [cudadrv.Launch(0xA0 + k, (1,), (32,), 0, [8], [k], entries=driver.entries) for k in range(2)]
     busy = cudadrv.Launch(0xB0, (1,), (1,), 0, [8], [50_000], entries=driver.entries)
     rec = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
-        lambda event, stream: seen.append(("record", event, stream)) or 0)  # type: ignore[func-returns-value]
+        lambda event, stream: seen.append(("record", event, stream)) or 0  # type: ignore[func-returns-value]
+    )
     monkeypatch.setattr(cudadrv, "event_record", lambda: (ctypes.cast(rec, ctypes.c_void_p).value, "c"))
     monkeypatch.setattr(cudadrv, "event_handle", lambda event: event)
     cudadrv.burst(pairs, 3, 0x55, before=busy, start=0xE1, end=0xE2)
-    assert seen == [("record", 0xE1, 0x55), ("launch", 0xB0, 0x55, (50_000,)), ("launch", 0xA0, 0x55, (0,)),
-                    ("launch", 0xB0, 0x55, (50_000,)), ("launch", 0xA1, 0x55, (1,)),
-                    ("launch", 0xB0, 0x55, (50_000,)), ("launch", 0xA0, 0x55, (0,)), ("record", 0xE2, 0x55)]
+    assert seen == [
+        ("record", 0xE1, 0x55),
+        ("launch", 0xB0, 0x55, (50_000,)),
+        ("launch", 0xA0, 0x55, (0,)),
+        ("launch", 0xB0, 0x55, (50_000,)),
+        ("launch", 0xA1, 0x55, (1,)),
+        ("launch", 0xB0, 0x55, (50_000,)),
+        ("launch", 0xA0, 0x55, (0,)),
+        ("record", 0xE2, 0x55),
+    ]
     seen.clear()
     cudadrv.burst([], 2, 0x56, before=busy)  # the busy kernel alone
     assert seen == [("launch", 0xB0, 0x56, (50_000,))] * 2
@@ -151,8 +185,13 @@ def _cpu_rank(image_for, driver, world=2, rank=1):
 
     layout = Layout(world=world, slots=2, slot_bytes=1 << 20, ndev=1)
     r = GpuRank.__new__(GpuRank)
-    r.s = SimpleNamespace(layout=layout, world=world, rank=rank, flag_devices=lambda op, nbytes: 1,  # type: ignore[assignment]
-                          quick_check=lambda: None)
+    r.s = SimpleNamespace(
+        layout=layout,
+        world=world,
+        rank=rank,
+        flag_devices=lambda op, nbytes: 1,  # type: ignore[assignment]
+        quick_check=lambda: None,
+    )
     r.launch, r.index, r.capability, r.ctx, r.max_programs = "native", 0, 90, 0, 132
     r.data, r.timeout_ns, r._wake = 0x7F0000001000, 20_000_000_000, None
     r.ctrl, r.flags = HostPtr(0x7F0000000000, torch.int64), HostPtr(0x7F0000001000 + layout.flags_base, torch.int64)
@@ -175,8 +214,25 @@ def test_a_ranks_call_reaches_the_built_kernel_with_every_parameter_in_its_place
     rank.all_reduce(inp, out)
     rank.all_reduce(inp, out)
     staging = rank.data + rank.s.layout.staging(0)
-    expected = (inp.data_ptr(), out.data_ptr(), staging, rank.sources.data_ptr(), rank.flags.address, rank.ctrl.address,
-                rank.counter.data_ptr(), 1, n, n, (1 << 20) // 2, 2 * n, 1, 0, 20_000_000_000, 0, 0)
+    expected = (
+        inp.data_ptr(),
+        out.data_ptr(),
+        staging,
+        rank.sources.data_ptr(),
+        rank.flags.address,
+        rank.ctrl.address,
+        rank.counter.data_ptr(),
+        1,
+        n,
+        n,
+        (1 << 20) // 2,
+        2 * n,
+        1,
+        0,
+        20_000_000_000,
+        0,
+        0,
+    )
     assert seen == [("launch", 0xF00 + len("collective_kernel"), 0x55, expected)] * 2
     assert driver.grids[0] == ((8, 1, 1), (32, 1, 1), 0)  # 8192 elements, 1024 per program, one warp each
     assert asked == ["all_reduce-bf16-w2-d1-a16"] and len(rank._packed) == 1  # loaded and packed once
@@ -210,8 +266,7 @@ def _fail_build(variant, capability, source):
 def test_a_build_on_disk_is_loaded_without_building_and_says_where_it_came_from(built, tmp_path):
     found = images.Store(tmp_path / "bundle")
     found.put(built["handshake"])
-    image, how = images.obtain(aot.Variant("handshake"), 90, build=_fail_build,
-                               searched=[found, images.Store(tmp_path / "cache")])
+    image, how = images.obtain(aot.Variant("handshake"), 90, build=_fail_build, searched=[found, images.Store(tmp_path / "cache")])
     assert image == built["handshake"] and how == f"the build in {tmp_path / 'bundle'}, made by Triton {image.triton}"
 
 
@@ -222,16 +277,22 @@ def test_a_missing_build_is_built_here_and_cached_where_triton_can(built, tmp_pa
         builds.append((variant.name, capability, source))
         return built["handshake"]
 
-    image, how = images.obtain(aot.Variant("handshake"), 90, build=build, searched=[images.Store(tmp_path / "none"), cache],
-                               why_no_build=lambda cap: None)
+    image, how = images.obtain(
+        aot.Variant("handshake"), 90, build=build, searched=[images.Store(tmp_path / "none"), cache], why_no_build=lambda cap: None
+    )
     assert how == f"built here by Triton {image.triton}" and builds == [("handshake", 90, images.source_hash())]
     assert images.obtain(aot.Variant("handshake"), 90, build=_fail_build, searched=[cache])[1].startswith(f"the build in {cache.root}")
 
 
 def test_without_triton_or_a_build_the_reason_names_how_to_make_one_elsewhere(built, tmp_path):
     with pytest.raises(RdmaUnavailable) as info:
-        images.obtain(aot.Variant(world=3, ndev=2), 121, build=_fail_build, searched=[images.Store(tmp_path)],
-                      why_no_build=lambda cap: "Triton is not installed here")
+        images.obtain(
+            aot.Variant(world=3, ndev=2),
+            121,
+            build=_fail_build,
+            searched=[images.Store(tmp_path)],
+            why_no_build=lambda cap: "Triton is not installed here",
+        )
     text = str(info.value)
     assert "no build of all_reduce-bf16-w3-d2-a16 for sm_121a" in text and "Triton is not installed here" in text
     assert "python -m arxtune.runtime.rdma.graph.aot --arch sm_121a --world 3 --ndev 2 --out DIR" in text
@@ -244,8 +305,13 @@ def test_a_build_for_another_source_or_arch_is_never_loaded(built, tmp_path):
     store.put(other)
     store.put(KernelImage(**{**built["handshake"].__dict__, "arch": "sm_100a"}))
     with pytest.raises(RdmaUnavailable, match="the local build failed: ptxas too old"):
-        images.obtain(aot.Variant("handshake"), 90, searched=[store], why_no_build=lambda cap: None,
-                      build=lambda v, c, s: (_ for _ in ()).throw(RuntimeError("ptxas too old")))
+        images.obtain(
+            aot.Variant("handshake"),
+            90,
+            searched=[store],
+            why_no_build=lambda cap: None,
+            build=lambda v, c, s: (_ for _ in ()).throw(RuntimeError("ptxas too old")),
+        )
 
 
 def test_the_local_triton_too_old_for_its_compile_api_is_a_reason():

@@ -150,8 +150,7 @@ def test_an_eager_calls_launch_wakes_a_blocked_c_proxy_which_then_polls_through_
         woke = int(ctrl[WAKE])
         driver = FakeDriver([])
         address = session.segment.address
-        launch = cudadrv.Launch(0xF, (1,), (32,), 0, [8], [0], wake=(address + 8 * ASLEEP, address + 8 * WAKE),
-                                entries=driver.entries)
+        launch = cudadrv.Launch(0xF, (1,), (32,), 0, [8], [0], wake=(address + 8 * ASLEEP, address + 8 * WAKE), entries=driver.entries)
         launch.launch(0x55)
         assert int(ctrl[WAKE]) == woke + 1 and driver.seen  # bumped, then launched
         time.sleep(0.05)  # a nap of up to 1 s, ended by the wake: the proxy polls again, its window restarted

@@ -103,15 +103,18 @@ def test_the_variants_option_adds_one_backend_per_entry_after_its_base():
     assert with_variants(("gloo",), {"nccl": {"variants": ["proto=LL"]}}) == ("gloo",)  # options of a backend not swept
 
 
-@pytest.mark.parametrize("mapping, needle", [
-    ({"backends": "nccl", "backend_options": {"nccl": {"variants": ["proto=LL9"]}}}, "proto=LL9 is not one of"),
-    ({"backends": "nccl", "backend_options": {"nccl": {"variants": "proto=LL"}}}, "must be a list of strings"),
-    ({"backends": "nccl", "backend_options": {"nccl": {"variants": ["proto=LL", "proto=ll"]}}}, "named twice"),
-    ({"backends": "nccl,nccl[proto=LL]", "backend_options": {"nccl": {"variants": ["proto=LL"]}}}, "named twice"),
-    ({"backends": "gloo", "backend_options": {"gloo": {"variants": ["proto=LL"]}}}, "gloo has no variants"),
-    ({"backends": "gloo,nccl[channels=2,proto=LL]"}, "as 'nccl[proto=LL,channels=2]'"),
-    ({"backends": "gloo", "baseline": "nccl[proto=XX]"}, "unknown baseline"),
-])
+@pytest.mark.parametrize(
+    "mapping, needle",
+    [
+        ({"backends": "nccl", "backend_options": {"nccl": {"variants": ["proto=LL9"]}}}, "proto=LL9 is not one of"),
+        ({"backends": "nccl", "backend_options": {"nccl": {"variants": "proto=LL"}}}, "must be a list of strings"),
+        ({"backends": "nccl", "backend_options": {"nccl": {"variants": ["proto=LL", "proto=ll"]}}}, "named twice"),
+        ({"backends": "nccl,nccl[proto=LL]", "backend_options": {"nccl": {"variants": ["proto=LL"]}}}, "named twice"),
+        ({"backends": "gloo", "backend_options": {"gloo": {"variants": ["proto=LL"]}}}, "gloo has no variants"),
+        ({"backends": "gloo,nccl[channels=2,proto=LL]"}, "as 'nccl[proto=LL,channels=2]'"),
+        ({"backends": "gloo", "baseline": "nccl[proto=XX]"}, "unknown baseline"),
+    ],
+)
 def test_bad_variants_in_a_config_are_one_line(mapping, needle):
     with pytest.raises(ArxtuneError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         from_mapping(mapping)
@@ -120,8 +123,10 @@ def test_bad_variants_in_a_config_are_one_line(mapping, needle):
 def test_overrides_can_name_variants_whose_settings_hold_commas():
     found = parse_overrides("all_reduce:0-64KiB=nccl[proto=LL,channels=4]; all_reduce:64KiB-=nccl[algo=Ring],all_gather:0-=arx")
     assert [(o.op, o.lo, o.hi, o.backend) for o in found] == [
-        ("all_reduce", 0, 65536, "nccl[proto=LL,channels=4]"), ("all_reduce", 65536, None, "nccl[algo=Ring]"),
-        ("all_gather", 0, None, "arx")]
+        ("all_reduce", 0, 65536, "nccl[proto=LL,channels=4]"),
+        ("all_reduce", 65536, None, "nccl[algo=Ring]"),
+        ("all_gather", 0, None, "arx"),
+    ]
 
 
 VARIANTS = ("nccl", "nccl[proto=LL,channels=4]", "nccl[proto=Simple,algo=Ring]")
@@ -131,8 +136,13 @@ def test_variant_names_survive_points_csv_and_the_thresholds_file(tmp_path):
     def latency(backend, nbytes):
         return {"nccl": 30 + nbytes / 1e4, "nccl[proto=LL,channels=4]": 5 + nbytes / 2e3}.get(backend, 60 + nbytes / 2e4)
 
-    run = make_run(tmp_path, latency, [1 << k for k in range(10, 25)], backends=VARIANTS,
-                   status_extra={"nccl[proto=LL,channels=4]": {"options": {"variant": {"proto": "LL", "channels": "4"}}}})
+    run = make_run(
+        tmp_path,
+        latency,
+        [1 << k for k in range(10, 25)],
+        backends=VARIANTS,
+        status_extra={"nccl[proto=LL,channels=4]": {"options": {"variant": {"proto": "LL", "channels": "4"}}}},
+    )
     again = load_run(run.path)
     assert {r.backend for r in again.records} == set(VARIANTS)
     saved = calibrate(again, baseline="nccl").save(tmp_path / "t.json")

@@ -40,6 +40,7 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
 
 # Hangs: special files are refused at once, never read.
 
+
 @pytest.mark.timeout(20)
 def test_special_files_are_refused_without_blocking(crossover_run, tmp_path):
     fifo = _fifo(tmp_path)
@@ -63,22 +64,26 @@ def test_large_and_binary_files_are_refused(tmp_path):
 
 # Tracebacks: malformed configs, runs and environment are one line each.
 
-@pytest.mark.parametrize("body, needle", [
-    (b"[sweep]\nbackends = 5\n", "backends must be a list of names"),
-    (b"[sweep]\ntimeout_s = nan\n", "timeout_s must be positive"),
-    (b"[sweep]\nstep_factor = nan\n", "step_factor must be a number greater than 1"),
-    (b"[sweep]\nstep_factor = 1.000001\n", "at most 200"),
-    (b"[sweep]\nmax_bytes = '4096GiB'\n", "above 16GiB"),
-    (b"[sweep]\nmax_bytes = '" + b"9" * 400 + b"'\n", r"max_bytes: size 9{37}\.\.\. is above 1048576GiB"),
-    (b"[sweep]\nmin_bytes = '" + b"9" * 5000 + b"'\n", r"min_bytes: size 9{37}\.\.\. is above"),
-    (b"\xef\xbb\xbf[sweep]\nmax_bytes = '1MiB'\n", "starts with a UTF-8 byte-order mark"),
-    (b"[sweep]\nbackend_options = 'arx'\n", "backend_options must be a table"),
-    (b"[sweep]\nbackend_options = {arx = 3}\n", "backend_options.arx must be a table"),
-    (b"[sweep]\nwarmup_iters = true\n", "warmup_iters must be a whole number"),
-    (b"[sweep]\nbaseline = 'unknown'\n", "unknown baseline"),
-    (b"sweep = 5\n", "must be a table"),
-    (b"[sweep]\nops = ['all_reduce\xff']\n", "not UTF-8"),
-])
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (b"[sweep]\nbackends = 5\n", "backends must be a list of names"),
+        (b"[sweep]\ntimeout_s = nan\n", "timeout_s must be positive"),
+        (b"[sweep]\nstep_factor = nan\n", "step_factor must be a number greater than 1"),
+        (b"[sweep]\nstep_factor = 1.000001\n", "at most 200"),
+        (b"[sweep]\nmax_bytes = '4096GiB'\n", "above 16GiB"),
+        (b"[sweep]\nmax_bytes = '" + b"9" * 400 + b"'\n", r"max_bytes: size 9{37}\.\.\. is above 1048576GiB"),
+        (b"[sweep]\nmin_bytes = '" + b"9" * 5000 + b"'\n", r"min_bytes: size 9{37}\.\.\. is above"),
+        (b"\xef\xbb\xbf[sweep]\nmax_bytes = '1MiB'\n", "starts with a UTF-8 byte-order mark"),
+        (b"[sweep]\nbackend_options = 'arx'\n", "backend_options must be a table"),
+        (b"[sweep]\nbackend_options = {arx = 3}\n", "backend_options.arx must be a table"),
+        (b"[sweep]\nwarmup_iters = true\n", "warmup_iters must be a whole number"),
+        (b"[sweep]\nbaseline = 'unknown'\n", "unknown baseline"),
+        (b"sweep = 5\n", "must be a table"),
+        (b"[sweep]\nops = ['all_reduce\xff']\n", "not UTF-8"),
+    ],
+)
 def test_bad_configs_are_one_line(tmp_path, body, needle):
     path = tmp_path / "bad.toml"
     path.write_bytes(body)
@@ -91,12 +96,15 @@ def test_a_directory_given_as_a_config(tmp_path):
     assert "is a directory" in one_line_error("sweep", "--config", tmp_path)
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--step-factor", "nan"], "step_factor must be a number"),
-    (["--step-factor", "1.000001"], "sizes (at most 200)"),
-    (["--max-bytes", "4096GiB"], "above 16GiB"),
-    (["--min-bytes", "9" * 5000], "min_bytes: size 9999"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--step-factor", "nan"], "step_factor must be a number"),
+        (["--step-factor", "1.000001"], "sizes (at most 200)"),
+        (["--max-bytes", "4096GiB"], "above 16GiB"),
+        (["--min-bytes", "9" * 5000], "min_bytes: size 9999"),
+    ],
+)
 def test_bad_sweep_flags_are_refused_before_launching(tmp_path, monkeypatch, flags, needle):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
@@ -113,13 +121,16 @@ def test_sweep_out_that_cannot_hold_runs(tmp_path, monkeypatch):
     assert (tmp_path / "file").read_text() == "keep"
 
 
-@pytest.mark.parametrize("damage, needle", [
-    ("meta list", "meta.json must be an object"),
-    ("meta binary", "not UTF-8"),
-    ("points binary", "not UTF-8"),
-    ("nan sample", "samples must be positive"),
-    ("zero sample", "samples must be positive"),
-])
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        ("meta list", "meta.json must be an object"),
+        ("meta binary", "not UTF-8"),
+        ("points binary", "not UTF-8"),
+        ("nan sample", "samples must be positive"),
+        ("zero sample", "samples must be positive"),
+    ],
+)
 def test_corrupt_runs_are_one_line_for_every_command(crossover_run, damage, needle):
     path = crossover_run.path
     if damage == "meta list":
@@ -144,6 +155,7 @@ def test_corrupt_runs_are_one_line_for_every_command(crossover_run, damage, need
 
 
 # Outputs: refused before any work, written whole or not at all, no .tmp left behind.
+
 
 @pytest.mark.parametrize("command", ["calibrate", "plot"])
 def test_bad_out_paths_are_refused_and_leave_nothing(crossover_run, tmp_path, command):
@@ -174,9 +186,13 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_no_tmp(tmp_path, monkeypat
 
 # Accepted when it should be refused.
 
+
 def test_calibrate_refuses_bad_settings_before_writing(crossover_run):
-    for args, needle in ((["--export", "xml"], "unknown --export"), (["--margin", "nan"], "--margin must be a number"),
-                         (["--baseline", "unknown"], "baseline 'unknown' was not measured")):
+    for args, needle in (
+        (["--export", "xml"], "unknown --export"),
+        (["--margin", "nan"], "--margin must be a number"),
+        (["--baseline", "unknown"], "baseline 'unknown' was not measured"),
+    ):
         assert needle in one_line_error("calibrate", crossover_run.path, *args)
         assert not (crossover_run.path / "thresholds.json").exists()
 
@@ -184,8 +200,11 @@ def test_calibrate_refuses_bad_settings_before_writing(crossover_run):
 def test_extra_backends_from_the_environment():
     extra, problems = parse_extra("mine=pkg.mod:Cls, gloo=pkg.mod:Other,junk,also=nomodule")
     assert extra == {"mine": "pkg.mod:Cls"}
-    assert problems == ["'gloo' is already a backend; pick another name", "'junk' must look like name=package.module:Class",
-                        "'also=nomodule' must look like name=package.module:Class"]
+    assert problems == [
+        "'gloo' is already a backend; pick another name",
+        "'junk' must look like name=package.module:Class",
+        "'also=nomodule' must look like name=package.module:Class",
+    ]
 
 
 def test_a_malformed_extra_backends_variable_breaks_only_sweep(crossover_run):
@@ -194,8 +213,11 @@ def test_a_malformed_extra_backends_variable_breaks_only_sweep(crossover_run):
     sweep = subprocess.run([sys.executable, "-m", "arxtune", "sweep"], env=env, capture_output=True, text=True, timeout=60)
     assert sweep.returncode == 2 and sweep.stderr.splitlines() == [
         "arxtune: error: ARXTUNE_EXTRA_BACKENDS: 'gloo' is already a backend; pick another name; "
-        "'junk' must look like name=package.module:Class; fix or unset it"]
-    show = subprocess.run([sys.executable, "-m", "arxtune", "show", crossover_run.path], env=env, capture_output=True, text=True, timeout=60)
+        "'junk' must look like name=package.module:Class; fix or unset it"
+    ]
+    show = subprocess.run(
+        [sys.executable, "-m", "arxtune", "show", crossover_run.path], env=env, capture_output=True, text=True, timeout=60
+    )
     assert show.returncode == 0, show.stderr
 
 
@@ -219,6 +241,7 @@ def test_resume_refuses_before_launching(crossover_run, tmp_path, monkeypatch):
 
 
 # Round two (issue 27): one regression test per class; the fuzzers (test_fuzz_*.py) generate the rest.
+
 
 def _no_torchrun(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -253,19 +276,32 @@ def test_calibrate_install_checks_its_target_before_writing_anything(crossover_r
     assert _snapshot(path) == before  # the margin-0.5 file is still there
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("margin", float("nan"), "NaN is not a number a file may hold"), ("margin", -1, "margin must be a finite number at least 0"), ("baseline", "carrier-pigeon", "baseline 'carrier-pigeon' is not a name"),
-    ("tables.0.ranges.0.backend", "warp", "backend 'warp' is unknown"), ("tables.0.ranges.0.backend", 5, "must be a string"),
-    ("tables.0.ranges.1.lo", "4096", "must be a whole number"), ("tables.0.world_size", 1e999, "Infinity is not a number a file may hold"), ("tables.0.world_size", 2.5, "must be a whole number"),
-    ("models.0.alpha_us", "fast", "alpha_us must be a number"), ("tables.0.ranges.1.lo", 10 ** 400, "outside"),
-    ("backend_setup.gloo.capacity.all_reduce", "lots", "must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("margin", float("nan"), "NaN is not a number a file may hold"),
+        ("margin", -1, "margin must be a finite number at least 0"),
+        ("baseline", "carrier-pigeon", "baseline 'carrier-pigeon' is not a name"),
+        ("tables.0.ranges.0.backend", "warp", "backend 'warp' is unknown"),
+        ("tables.0.ranges.0.backend", 5, "must be a string"),
+        ("tables.0.ranges.1.lo", "4096", "must be a whole number"),
+        ("tables.0.world_size", 1e999, "Infinity is not a number a file may hold"),
+        ("tables.0.world_size", 2.5, "must be a whole number"),
+        ("models.0.alpha_us", "fast", "alpha_us must be a number"),
+        ("tables.0.ranges.1.lo", 10**400, "outside"),
+        ("backend_setup.gloo.capacity.all_reduce", "lots", "must be a whole number"),
+    ],
+)
 def test_malformed_thresholds_are_one_format_error_everywhere(tmp_path, field, value, needle):
     from arxtune.harness.calibrate import calibrate
     from helpers.runs import make_run
 
-    run = make_run(tmp_path, lambda b, n: 5 + n / 1000 if b == "fast" else 50 + n / 4000, [1 << k for k in range(10, 16)],
-                   status_extra={"gloo": {"capacity": {"all_reduce": 1 << 20}}})
+    run = make_run(
+        tmp_path,
+        lambda b, n: 5 + n / 1000 if b == "fast" else 50 + n / 4000,
+        [1 << k for k in range(10, 16)],
+        status_extra={"gloo": {"capacity": {"all_reduce": 1 << 20}}},
+    )
     data = calibrate(run).to_dict()
     data["backend_setup"] = {"gloo": {"options": {}, "capacity": {"all_reduce": 1 << 20}}}
     parent, *path, last = [data, *field.split(".")]  # type: ignore[misc]
@@ -279,8 +315,14 @@ def test_malformed_thresholds_are_one_format_error_everywhere(tmp_path, field, v
     assert thresholds is None and needle in why
 
 
-@pytest.mark.parametrize("text", ["[" * 100000 + "]" * 100000, '{"kind": "arxtune-thresholds", "version": ' + "9" * 5000 + "}",
-                                  '{"kind": "arxtune-thresholds", "version": NaN}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100000 + "]" * 100000,
+        '{"kind": "arxtune-thresholds", "version": ' + "9" * 5000 + "}",
+        '{"kind": "arxtune-thresholds", "version": NaN}',
+    ],
+)
 def test_hostile_json_is_one_line(tmp_path, text):
     target = tmp_path / "t.json"
     target.write_text(text)
@@ -288,11 +330,17 @@ def test_hostile_json_is_one_line(tmp_path, text):
     assert read_thresholds(2, target)[0] is None
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"backends": {"gloo": 5}}, "backends.gloo must be an object"), ({"config": {"step_factor": "abc"}}, "step_factor must be a number"),
-    ({"config": {"step_factor": 0}}, "step_factor must be a finite number above 1"), ({"world_size": 1e999}, "Infinity is not a number a file may hold"), ({"world_size": 1e300}, "world_size must be a whole number"),
-    ({"backends": {"gloo": {"available": True, "capacity": {"all_reduce": "lots"}}}}, "capacity.all_reduce must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"backends": {"gloo": 5}}, "backends.gloo must be an object"),
+        ({"config": {"step_factor": "abc"}}, "step_factor must be a number"),
+        ({"config": {"step_factor": 0}}, "step_factor must be a finite number above 1"),
+        ({"world_size": 1e999}, "Infinity is not a number a file may hold"),
+        ({"world_size": 1e300}, "world_size must be a whole number"),
+        ({"backends": {"gloo": {"available": True, "capacity": {"all_reduce": "lots"}}}}, "capacity.all_reduce must be a whole number"),
+    ],
+)
 def test_malformed_meta_is_one_line_for_every_command(crossover_run, tmp_path, change, needle):
     path = crossover_run.path
     meta = json.loads((path / "meta.json").read_text())
@@ -304,12 +352,18 @@ def test_malformed_meta_is_one_line_for_every_command(crossover_run, tmp_path, c
     assert _snapshot(path) == before
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--nproc-per-node", "0"], "--nproc-per-node 0 must be between 1"), (["--nproc-per-node", "-1"], "--nproc-per-node -1 must be between 1"),
-    (["--run-id", "../escaped"], "must be a plain name"), (["--views", "graph"], "none of the views asked for (graph)"),
-    (["--backends", "nccl"], "none of the backends asked for can run on this machine (nccl:"),
-    (["--nnodes", "2", "--rdzv-endpoint", "host"], "must be HOST:PORT"), (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank 2"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--nproc-per-node", "0"], "--nproc-per-node 0 must be between 1"),
+        (["--nproc-per-node", "-1"], "--nproc-per-node -1 must be between 1"),
+        (["--run-id", "../escaped"], "must be a plain name"),
+        (["--views", "graph"], "none of the views asked for (graph)"),
+        (["--backends", "nccl"], "none of the backends asked for can run on this machine (nccl:"),
+        (["--nnodes", "2", "--rdzv-endpoint", "host"], "must be HOST:PORT"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank 2"),
+    ],
+)
 def test_sweeps_that_cannot_run_are_refused_before_launching(tmp_path, monkeypatch, flags, needle):
     _no_torchrun(monkeypatch)
     assert needle in one_line_error("sweep", *flags, "--out", tmp_path)
@@ -324,11 +378,16 @@ def test_sweep_out_must_be_a_folder_of_runs(crossover_run, monkeypatch):
     assert _snapshot(crossover_run.path) == before and [p.name for p in crossover_run.path.iterdir() if p.is_dir()] == []
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--margin", "nan"], "--margin must be a number from 0"), (["--margin", "-0.1"], "--margin must be a number from 0"),
-    (["--tolerance", "-1"], "--tolerance must be a number from 0"), (["--min-agreement", "nan"], "--min-agreement must be a fraction"),
-    (["--baseline", "unknown"], "--baseline 'unknown' was not measured"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--margin", "nan"], "--margin must be a number from 0"),
+        (["--margin", "-0.1"], "--margin must be a number from 0"),
+        (["--tolerance", "-1"], "--tolerance must be a number from 0"),
+        (["--min-agreement", "nan"], "--min-agreement must be a fraction"),
+        (["--baseline", "unknown"], "--baseline 'unknown' was not measured"),
+    ],
+)
 def test_compare_refuses_what_calibrate_refuses(tmp_path, args, needle):
     from helpers.runs import make_run
 
@@ -384,11 +443,15 @@ def test_flags_typer_cannot_parse_are_one_line(crossover_run):
 
 # Round three: nothing written before everything is known, one writer per run, and the smaller cases.
 
-@pytest.mark.parametrize("args, needle", [
-    (["--export", "nccl-tuner", "--tuner-mode", "bogus"], "unknown --tuner-mode 'bogus'"),
-    (["--export", "nccl-tuner", "--tuner-dtype", "bogus"], "unknown --tuner-dtype 'bogus'"),
-    (["--export", "nccl-tuner", "--tuner-dtype", "bfloat16"], "has no bfloat16 table"),
-])
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--export", "nccl-tuner", "--tuner-mode", "bogus"], "unknown --tuner-mode 'bogus'"),
+        (["--export", "nccl-tuner", "--tuner-dtype", "bogus"], "unknown --tuner-dtype 'bogus'"),
+        (["--export", "nccl-tuner", "--tuner-dtype", "bfloat16"], "has no bfloat16 table"),
+    ],
+)
 def test_calibrate_checks_every_option_before_writing_anything(crossover_run, args, needle):
     path = crossover_run.path
     assert runner.invoke(app, ["calibrate", str(path)]).exit_code == 0
@@ -445,9 +508,17 @@ def test_a_second_writer_of_a_run_is_refused_naming_the_first(crossover_run, tmp
     meta = json.loads((path / "meta.json").read_text())
     meta["finished"] = None
     (path / "meta.json").write_text(json.dumps(meta))
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from arxtune.harness.results import RunWriter; "
-                               "w = RunWriter.resume(sys.argv[1]); print('holding', flush=True); time.sleep(60)", str(path)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from arxtune.harness.results import RunWriter; "
+            "w = RunWriter.resume(sys.argv[1]); print('holding', flush=True); time.sleep(60)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "holding"
         before = _snapshot(path)
@@ -493,13 +564,17 @@ def test_an_empty_config_is_every_default_said_once(tmp_path, caplog):
 
     assert load_config(path) == SweepConfig()
     assert [r.getMessage() for r in caplog.records] == [
-        f"arxtune: config {path} is empty: every setting takes its default, as with no --config"]
+        f"arxtune: config {path} is empty: every setting takes its default, as with no --config"
+    ]
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("all_reduce:0-99999999999GiB=gloo", "is above 1048576GiB"),
-    ("all_reduce:0-" + "9" * 5000 + "=gloo", "is above 1048576GiB"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("all_reduce:0-99999999999GiB=gloo", "is above 1048576GiB"),
+        ("all_reduce:0-" + "9" * 5000 + "=gloo", "is above 1048576GiB"),
+    ],
+)
 def test_override_bounds_above_the_format_cap_are_refused(text, needle):
     from arxtune.runtime.router import parse_overrides
 

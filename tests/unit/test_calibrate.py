@@ -44,8 +44,9 @@ def test_without_paired_rounds_overlapping_intervals_keep_the_baseline(tmp_path)
 
 
 def test_a_wrong_result_never_wins(tmp_path):
-    run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 10.0, [1024, 2048, 4096, 8192, 16384],
-                   statuses={("fast", 4096): "wrong"})
+    run = make_run(
+        tmp_path, lambda b, n: 100.0 if b == "gloo" else 10.0, [1024, 2048, 4096, 8192, 16384], statuses={("fast", 4096): "wrong"}
+    )
     ranges = [r for r in calibrate(run).tables[0].ranges if r.source == "measured"]
     assert [r.backend for r in ranges] == ["fast", "gloo", "fast"]
 
@@ -90,8 +91,13 @@ def test_a_run_with_nothing_correct_is_an_error(tmp_path):
 
 def test_only_the_asked_mode_is_calibrated(tmp_path):
     """Eager and graph disagree: each mode's table follows its own points."""
-    run = make_run(tmp_path, lambda b, n: 100.0 if b == "gloo" else 200.0, [1024, 2048, 4096], spread=0.001,
-                   graph_latency=lambda b, n: 100.0 if b == "gloo" else 20.0)
+    run = make_run(
+        tmp_path,
+        lambda b, n: 100.0 if b == "gloo" else 200.0,
+        [1024, 2048, 4096],
+        spread=0.001,
+        graph_latency=lambda b, n: 100.0 if b == "gloo" else 20.0,
+    )
     t = calibrate(run)
     assert {r.backend for r in t.table("all_reduce", "float32", 2, mode="eager").ranges} == {"gloo"}
     assert {r.backend for r in t.table("all_reduce", "float32", 2, mode="graph").ranges if r.source == "measured"} == {"fast"}
@@ -115,13 +121,16 @@ def test_the_margin_decides_beyond_the_grid_too(tmp_path):
     assert FileRoutes(loose, 2).choose("all_reduce", torch.float32, 8192) == "fast"
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    ({"margin": float("nan")}, "--margin must be a number"),
-    ({"margin": -0.1}, "--margin must be a number"),
-    ({"baseline": "unknown"}, "baseline 'unknown' was not measured"),
-    ({"views": {"lazy": "eager"}}, "unknown runtime mode"),
-    ({"views": {"graph": "eager"}}, "graph table can be fed by the graph timing view"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"margin": float("nan")}, "--margin must be a number"),
+        ({"margin": -0.1}, "--margin must be a number"),
+        ({"baseline": "unknown"}, "baseline 'unknown' was not measured"),
+        ({"views": {"lazy": "eager"}}, "unknown runtime mode"),
+        ({"views": {"graph": "eager"}}, "graph table can be fed by the graph timing view"),
+    ],
+)
 def test_bad_calibration_settings_are_refused(crossover_run, kwargs, needle):
     with pytest.raises(ArxtuneError, match=needle):
         calibrate(crossover_run, **kwargs)
@@ -195,7 +204,9 @@ def test_a_run_with_the_decode_view_feeds_the_eager_table_from_it_and_the_file_s
 def test_the_same_key_twice_is_an_error_unless_one_run_is_preferred(tmp_path):
     first = make_run(tmp_path, _crossover(8192), SIZES, run_id="first")
     second = make_run(tmp_path, _crossover(65536), SIZES, run_id="second")
-    with pytest.raises(ArxtuneError, match="runs first and second both measure all_reduce/float32 at world size 2 for eager; pass --prefer"):
+    with pytest.raises(
+        ArxtuneError, match="runs first and second both measure all_reduce/float32 at world size 2 for eager; pass --prefer"
+    ):
         calibrate([first, second])
     t = calibrate([first, second], prefer="second")
     assert t.table("all_reduce", "float32", 2).run_id == "second" and [r.run_id for r in t.runs] == ["second"]
@@ -215,8 +226,13 @@ def test_runs_from_different_clusters_need_a_preference(tmp_path):
 def test_model_ranges_stop_at_the_backends_capacity(tmp_path):
     # 'fast' is faster everywhere, but was opened with 64 KiB of buffer for all_reduce.
     status = {"fast": {"options": {"max_bytes": 65536}, "capacity": {"all_reduce": 65536}}}
-    run = make_run(tmp_path, lambda b, n: 1 + n / 1e5 if b == "fast" else 50 + n / 1e4, SIZES,
-                   statuses={("fast", s): "unsupported" for s in SIZES if s > 65536}, status_extra=status)
+    run = make_run(
+        tmp_path,
+        lambda b, n: 1 + n / 1e5 if b == "fast" else 50 + n / 1e4,
+        SIZES,
+        statuses={("fast", s): "unsupported" for s in SIZES if s > 65536},
+        status_extra=status,
+    )
     t = calibrate(run)
     lookup = FileRoutes(t, 2)
     assert lookup.choose("all_reduce", torch.float32, 65536) == "fast"  # capacity is inclusive
@@ -240,8 +256,13 @@ def _three_way(b, n):
 
 def test_each_range_says_whether_its_backend_gave_the_baselines_bits(tmp_path):
     # 'fast' gave gloo's bits up to 64 KiB only; 'quick' everywhere.
-    run = make_run(tmp_path, lambda b, n: (10.0 if n <= 65536 else 40.0) if b == "fast" else _three_way(b, n), SIZES,
-                   backends=("gloo", "fast", "quick"), bitwise=lambda b, n: b != "fast" or n <= 16384)
+    run = make_run(
+        tmp_path,
+        lambda b, n: (10.0 if n <= 65536 else 40.0) if b == "fast" else _three_way(b, n),
+        SIZES,
+        backends=("gloo", "fast", "quick"),
+        bitwise=lambda b, n: b != "fast" or n <= 16384,
+    )
     ranges = calibrate(run).table("all_reduce", "float32", 2).ranges
     measured = [(r.backend, r.bitwise) for r in ranges if r.source == "measured"]
     assert measured == [("fast", True), ("fast", False), ("quick", True)]
@@ -265,9 +286,11 @@ def test_invariant_sends_unchecked_and_unknown_ranges_to_the_baseline(tmp_path):
     # 'fast' was not checked at 1 KiB (unknown is not equal) and gave other bits from 512 KiB on.
     run = make_run(tmp_path, _three_way, SIZES, bitwise=lambda b, n: None if n == 1024 else (b == "gloo" or n < 1 << 19))
     ranges = calibrate(run, invariant=True).table("all_reduce", "float32", 2).ranges
-    assert [(r.backend, r.source, r.bitwise) for r in ranges if r.source == "measured"] == [("gloo", "measured", True),
-                                                                                            ("fast", "measured", True),
-                                                                                            ("gloo", "measured", True)]
+    assert [(r.backend, r.source, r.bitwise) for r in ranges if r.source == "measured"] == [
+        ("gloo", "measured", True),
+        ("fast", "measured", True),
+        ("gloo", "measured", True),
+    ]
     assert all(r.backend == "gloo" for r in ranges if r.hi is None or r.lo >= 1 << 19)
 
 
@@ -291,7 +314,9 @@ def test_runs_of_three_world_sizes_merge_into_one_file_each_world_reads(tmp_path
     """TP=2, 3 and 4 runs in one file: a group of each size gets its own tables; another size gets a reason."""
     from arxtune.runtime.dispatch import read_thresholds
 
-    runs = [make_run(tmp_path, _crossover(crossover), SIZES, world=w, run_id=f"w{w}") for w, crossover in ((2, 4096), (3, 16384), (4, 65536))]
+    runs = [
+        make_run(tmp_path, _crossover(crossover), SIZES, world=w, run_id=f"w{w}") for w, crossover in ((2, 4096), (3, 16384), (4, 65536))
+    ]
     path = calibrate(runs).save(tmp_path / "thresholds.json")
     for world, fast_up_to in ((2, 4096), (3, 16384), (4, 65536)):
         thresholds, _, why = read_thresholds(world, path, torch.float32)

@@ -18,9 +18,9 @@ def test_reference_matches_a_naive_collective_exactly(op, dtype, world):
         elif op == "all_gather":
             got = torch.cat(inputs)
         else:
-            got = inputs[0][rank * n:(rank + 1) * n].clone()
+            got = inputs[0][rank * n : (rank + 1) * n].clone()
             for x in inputs[1:]:
-                got += x[rank * n:(rank + 1) * n]
+                got += x[rank * n : (rank + 1) * n]
         assert mismatch(got, expected_output(op, n, rank, world, dtype)) is None
 
 

@@ -33,15 +33,18 @@ def test_flags_override_the_file(tmp_path):
     assert config.max_bytes == 65536 and config.dtypes == ("float16", "int32") and config.backends == ("gloo",)
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("[sweep]\nbackendz = ['gloo']\n", "unknown config key"),
-    ("[sweep]\nbackends = ['carrier-pigeon']\n", "unknown backend"),
-    ("[sweep]\ndtypes = ['float64']\n", "unknown dtype"),
-    ("[sweep]\nmin_bytes = '2MiB'\nmax_bytes = '1MiB'\n", "min_bytes"),
-    ("[sweep]\nstep_factor = 1\n", "step_factor"),
-    ("[sweep\n", "not valid TOML"),
-    ("[sweep]\nstep_factor = 'two'\n", "bad config value"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("[sweep]\nbackendz = ['gloo']\n", "unknown config key"),
+        ("[sweep]\nbackends = ['carrier-pigeon']\n", "unknown backend"),
+        ("[sweep]\ndtypes = ['float64']\n", "unknown dtype"),
+        ("[sweep]\nmin_bytes = '2MiB'\nmax_bytes = '1MiB'\n", "min_bytes"),
+        ("[sweep]\nstep_factor = 1\n", "step_factor"),
+        ("[sweep\n", "not valid TOML"),
+        ("[sweep]\nstep_factor = 'two'\n", "bad config value"),
+    ],
+)
 def test_bad_configs_say_what_is_wrong(tmp_path, body, needle):
     path = tmp_path / "bad.toml"
     path.write_text(body)

@@ -26,19 +26,22 @@ def test_a_healthy_spark_passes_every_row(tmp_path):
     got = by_item(rows)
     assert not [r for r in rows if r.status in (FAIL, WARN)], format_rows(rows)
     assert got["pyverbs"].finding.startswith("59.0+bundled.1") and "sees roceP2p1s0f0, roceP2p1s0f1" in got["pyverbs"].finding
-    assert got["rocep1s0f1 port 1"].finding == ("ACTIVE, Ethernet, active MTU 4096 (enp1s0f1np1 MTU 9000), "
-                                                "RoCE v2 IPv4 GID 3 (10.0.0.1 on enp1s0f1np1)")
+    assert got["rocep1s0f1 port 1"].finding == (
+        "ACTIVE, Ethernet, active MTU 4096 (enp1s0f1np1 MTU 9000), RoCE v2 IPv4 GID 3 (10.0.0.1 on enp1s0f1np1)"
+    )
     assert got["rocep1s0f0 port 1"].status == INFO and "not cabled" in got["rocep1s0f0 port 1"].finding
     assert got["twins roceP2p1s0f1+rocep1s0f1"].status == OK
     assert got["twins roceP2p1s0f0+rocep1s0f0"].status == INFO
     assert got["memory registration"].status == OK and "CmaTotal 524288 kB" in got["memory registration"].finding
     assert got["nccl library"].status == OK and "version 2.29.3+cuda13.0, build 1234567812345678" in got["nccl library"].finding
-    assert got["nccl for the pair"].finding == ("export NCCL_IB_HCA==roceP2p1s0f1:1,rocep1s0f1:1; export NCCL_IB_GID_INDEX=3; "
-                                                "export NCCL_SOCKET_IFNAME==enP2p1s0f1np1")
+    assert got["nccl for the pair"].finding == (
+        "export NCCL_IB_HCA==roceP2p1s0f1:1,rocep1s0f1:1; export NCCL_IB_GID_INDEX=3; export NCCL_SOCKET_IFNAME==enP2p1s0f1np1"
+    )
     assert "GPUDirect RDMA no, dma-buf no: on an integrated GPU (GB10)" in got["gpu 0"].finding
 
 
 # ---- pyverbs --------------------------------------------------------------------------------------------
+
 
 def test_pyverbs_missing_names_the_extra(tmp_path):
     host = spark(tmp_path, verbs=FakeVerbs(error="ModuleNotFoundError: No module named 'pyverbs'", root=tmp_path))
@@ -47,8 +50,10 @@ def test_pyverbs_missing_names_the_extra(tmp_path):
 
 
 def test_the_registrys_plain_pyverbs_is_recognised(tmp_path):
-    error = ("ImportError: /lib/x86_64-linux-gnu/libibverbs.so.1: version `IBVERBS_PRIVATE_59' not found "
-             "(required by .../pyverbs/device.cpython-311-x86_64-linux-gnu.so)")
+    error = (
+        "ImportError: /lib/x86_64-linux-gnu/libibverbs.so.1: version `IBVERBS_PRIVATE_59' not found "
+        "(required by .../pyverbs/device.cpython-311-x86_64-linux-gnu.so)"
+    )
     row = checks.check_pyverbs(spark(tmp_path, verbs=FakeVerbs(error=error, root=tmp_path)))[0]
     assert row.status == FAIL and "registry's plain pyverbs" in row.fix and "arxtune pyverbs install" in row.fix
 
@@ -72,6 +77,7 @@ def test_no_rdma_at_all_is_not_a_failure(tmp_path):
 
 
 # ---- ports, GIDs, MTU, twins ----------------------------------------------------------------------------
+
 
 def test_mtu_1500_is_named_with_the_command(tmp_path):
     host = spark(tmp_path, verbs=FakeVerbs(mtus={"rocep1s0f1": 1024}, root=tmp_path))
@@ -98,9 +104,17 @@ def test_one_twin_down_fails_the_pair(tmp_path):
 def test_gid_index_is_read_where_it_is(tmp_path):
     """The GID index moves between boxes and reboots: the row says where the IPv4 RoCE v2 GID is now."""
     host = spark(tmp_path)
-    rdma_device(tmp_path, "rocep1s0f1", [(LINK_LOCAL, "RoCE v2", "enp1s0f1np1"), ("fd00:0000:0000:0000:0000:0000:0000:0001", "RoCE v2",
-                "enp1s0f1np1"), (v4(10, 0, 0, 1), "IB/RoCE v1", "enp1s0f1np1"), (LINK_LOCAL, "IB/RoCE v1", "enp1s0f1np1"),
-                (v4(10, 0, 0, 1), "RoCE v2", "enp1s0f1np1")])
+    rdma_device(
+        tmp_path,
+        "rocep1s0f1",
+        [
+            (LINK_LOCAL, "RoCE v2", "enp1s0f1np1"),
+            ("fd00:0000:0000:0000:0000:0000:0000:0001", "RoCE v2", "enp1s0f1np1"),
+            (v4(10, 0, 0, 1), "IB/RoCE v1", "enp1s0f1np1"),
+            (LINK_LOCAL, "IB/RoCE v1", "enp1s0f1np1"),
+            (v4(10, 0, 0, 1), "RoCE v2", "enp1s0f1np1"),
+        ],
+    )
     row = by_item(checks.check_ports(host))["rocep1s0f1 port 1"]
     assert row.data["gid_index"] == 4 and "GID 4 (10.0.0.1" in row.finding
     pair = checks.check_pair_settings(host)[0]
@@ -109,9 +123,14 @@ def test_gid_index_is_read_where_it_is(tmp_path):
 
 # ---- memory ---------------------------------------------------------------------------------------------
 
+
 def test_registration_failing_with_no_cma_names_the_kernel(tmp_path):
-    host = spark(tmp_path, verbs=FakeVerbs(register_errors={"rocep1s0f1": "PyverbsRDMAError: Failed to register a MR. "
-                                                             "Errno: 12, Cannot allocate memory"}, root=tmp_path))
+    host = spark(
+        tmp_path,
+        verbs=FakeVerbs(
+            register_errors={"rocep1s0f1": "PyverbsRDMAError: Failed to register a MR. Errno: 12, Cannot allocate memory"}, root=tmp_path
+        ),
+    )
     write(tmp_path / "proc/meminfo", "MemTotal: 128000000 kB\nCmaTotal:              0 kB\nCmaFree:               0 kB\n")
     row = checks.check_registration(host)[0]
     assert row.status == FAIL and "Cannot allocate memory" in row.finding and "CmaTotal 0 kB" in row.finding
@@ -131,6 +150,7 @@ def test_locked_memory_below_what_arx_needs(tmp_path):
 
 
 # ---- NCCL -----------------------------------------------------------------------------------------------
+
 
 def test_nccl_before_2_29_3_on_arm_fails_and_an_old_copy_on_the_path_warns(tmp_path):
     host = spark(tmp_path)
@@ -160,10 +180,20 @@ def test_no_nccl_is_information(tmp_path):
     assert checks.check_nccl_library(spark(tmp_path, torch_nccl=None))[0].status == INFO
 
 
-@pytest.mark.parametrize("setting, hurts", [
-    ("NCCL_IB_USE_INLINE=1", FAIL), ("NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS=1", FAIL), ("NCCL_IB_DISABLE=1", FAIL),
-    ("NCCL_NET=Socket", FAIL), ("NCCL_PROTO=LL", WARN), ("NCCL_IB_GID_INDEX=0", FAIL), ("NCCL_IB_HCA==rocep1s0f1:1", WARN),
-    ("NCCL_IB_GID_INDEX=3", None), ("NCCL_DEBUG=WARN", None)])
+@pytest.mark.parametrize(
+    "setting, hurts",
+    [
+        ("NCCL_IB_USE_INLINE=1", FAIL),
+        ("NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS=1", FAIL),
+        ("NCCL_IB_DISABLE=1", FAIL),
+        ("NCCL_NET=Socket", FAIL),
+        ("NCCL_PROTO=LL", WARN),
+        ("NCCL_IB_GID_INDEX=0", FAIL),
+        ("NCCL_IB_HCA==rocep1s0f1:1", WARN),
+        ("NCCL_IB_GID_INDEX=3", None),
+        ("NCCL_DEBUG=WARN", None),
+    ],
+)
 def test_a_stale_nccl_conf_is_named(tmp_path, setting, hurts):
     host = spark(tmp_path)
     write(tmp_path / "etc/nccl.conf", f"# left by an image\n{setting}\n")
@@ -198,14 +228,24 @@ def test_a_net_plugin_with_tuner_symbols_while_the_tuner_is_unset(tmp_path):
 
 # ---- the GPU ----------------------------------------------------------------------------------------------
 
+
 def test_a_discrete_gpu_says_what_it_supports(tmp_path):
-    h100 = {"index": 0, "name": "NVIDIA H100", "capability": "9.0", "integrated": 0, "pageable_memory_access": 0,
-            "host_page_tables": 0, "gpu_direct_rdma": 1, "dma_buf": 1}
+    h100 = {
+        "index": 0,
+        "name": "NVIDIA H100",
+        "capability": "9.0",
+        "integrated": 0,
+        "pageable_memory_access": 0,
+        "host_page_tables": 0,
+        "gpu_direct_rdma": 1,
+        "dma_buf": 1,
+    }
     row = checks.check_gpus(spark(tmp_path, gpus=FakeGpus([h100])))[0]
     assert "integrated no" in row.finding and "GPUDirect RDMA yes, dma-buf yes" in row.finding and "GB10" not in row.finding
 
 
 # ---- the whole and its report -------------------------------------------------------------------------------
+
 
 def test_a_check_that_raises_is_its_own_row(tmp_path):
     def broken(host):
@@ -216,8 +256,16 @@ def test_a_check_that_raises_is_its_own_row(tmp_path):
 
 
 def test_report_carries_the_rows_and_nothing_secret(tmp_path):
-    host = spark(tmp_path, env={"NCCL_IB_HCA": "=rocep1s0f1:1", "ARXTUNE_RDMA_PORT": "1", "HF_TOKEN": "hf_secret",
-                                "AWS_SECRET_ACCESS_KEY": "aws_secret", "CUDA_VISIBLE_DEVICES": "0"})
+    host = spark(
+        tmp_path,
+        env={
+            "NCCL_IB_HCA": "=rocep1s0f1:1",
+            "ARXTUNE_RDMA_PORT": "1",
+            "HF_TOKEN": "hf_secret",
+            "AWS_SECRET_ACCESS_KEY": "aws_secret",
+            "CUDA_VISIBLE_DEVICES": "0",
+        },
+    )
     write(tmp_path / "etc/nccl.conf", "NCCL_IB_USE_INLINE=1\n")
     rows = checks.run(host, [c for c in checks.CHECKS if c.name not in ("arxg", "backends")])
     target = report.write(tmp_path / "out" / "doctor.tgz", rows, host)
@@ -269,8 +317,11 @@ def test_the_command_prints_the_export_lines_and_exits_1_on_a_failing_row(tmp_pa
     monkeypatch.setattr(doc, "doctor", lambda: rows)
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[-3:] == ["export NCCL_IB_HCA==roceP2p1s0f1:1,rocep1s0f1:1", "export NCCL_IB_GID_INDEX=3",
-                                               "export NCCL_SOCKET_IFNAME==enP2p1s0f1np1"]
+    assert result.output.splitlines()[-3:] == [
+        "export NCCL_IB_HCA==roceP2p1s0f1:1,rocep1s0f1:1",
+        "export NCCL_IB_GID_INDEX=3",
+        "export NCCL_SOCKET_IFNAME==enP2p1s0f1np1",
+    ]
     data = json.loads(CliRunner().invoke(app, ["doctor", "--json"]).output)
     assert [r["item"] for r in data] == [r.item for r in rows]
     host.memlock = 1024

@@ -9,24 +9,63 @@ from arxtune.harness.doctor.rows import FAIL, OK, WARN, format_rows
 
 
 def report(rank: int, gid: int = 3, mtu: tuple = (4096, 9000), source: str = "10.0.0.2", **versions) -> dict:
-    base = {"arxtune": "0.1.0", "torch": "2.11.0", "nccl": "2.29.3+cuda13.0", "nccl build": "ab12", "triton": "3.6.0",
-            "driver": "580.95.05", "pyverbs": "59.0+bundled.1", "python": "3.12.3"}
-    return {"rank": rank, "host": f"spark{rank}", "versions": {**base, **versions},
-            "thresholds": {"path": "/etc/arxtune/thresholds.json", "sha256": "f" * 64},
-            "twins": [{"device": "rocep1s0f1", "port": 1, "gid_index": gid, "gid": "", "ipv4": f"10.0.0.{rank + 1}",
-                       "netdev": "enp1s0f1np1", "active_mtu": mtu[0], "netdev_mtu": mtu[1], "networks": ["10.0.0.0/24"]},
-                      {"device": "roceP2p1s0f1", "port": 1, "gid_index": gid, "gid": "", "ipv4": f"10.0.1.{rank + 1}",
-                       "netdev": "enP2p1s0f1np1", "active_mtu": 4096, "netdev_mtu": 9000, "networks": ["10.0.1.0/24"]}],
-            "route": {"master": "spark0", "source": source, "netdev": "enp1s0f1np1"}, "nccl_gid_index": None,
-            "reach": reach(rank, [("rocep1s0f1", f"10.0.0.{rank + 1}", 24), ("roceP2p1s0f1", f"10.0.1.{rank + 1}", 24)]),
-            "rows": []}
+    base = {
+        "arxtune": "0.1.0",
+        "torch": "2.11.0",
+        "nccl": "2.29.3+cuda13.0",
+        "nccl build": "ab12",
+        "triton": "3.6.0",
+        "driver": "580.95.05",
+        "pyverbs": "59.0+bundled.1",
+        "python": "3.12.3",
+    }
+    return {
+        "rank": rank,
+        "host": f"spark{rank}",
+        "versions": {**base, **versions},
+        "thresholds": {"path": "/etc/arxtune/thresholds.json", "sha256": "f" * 64},
+        "twins": [
+            {
+                "device": "rocep1s0f1",
+                "port": 1,
+                "gid_index": gid,
+                "gid": "",
+                "ipv4": f"10.0.0.{rank + 1}",
+                "netdev": "enp1s0f1np1",
+                "active_mtu": mtu[0],
+                "netdev_mtu": mtu[1],
+                "networks": ["10.0.0.0/24"],
+            },
+            {
+                "device": "roceP2p1s0f1",
+                "port": 1,
+                "gid_index": gid,
+                "gid": "",
+                "ipv4": f"10.0.1.{rank + 1}",
+                "netdev": "enP2p1s0f1np1",
+                "active_mtu": 4096,
+                "netdev_mtu": 9000,
+                "networks": ["10.0.1.0/24"],
+            },
+        ],
+        "route": {"master": "spark0", "source": source, "netdev": "enp1s0f1np1"},
+        "nccl_gid_index": None,
+        "reach": reach(rank, [("rocep1s0f1", f"10.0.0.{rank + 1}", 24), ("roceP2p1s0f1", f"10.0.1.{rank + 1}", 24)]),
+        "rows": [],
+    }
 
 
 def reach(rank: int, devices: list[tuple[str, str, int]], state: str = "ACTIVE") -> dict:
     """A rank's reachability facts as the report carries them: (device, IPv4, prefix) each."""
-    return {"rank": rank, "host": f"spark{rank}", "boot": f"boot{rank}",
-            "devices": [{"name": name, "state": state, "addresses": [{"ip": ip, "prefix": prefix, "gid_index": 3, "gid": ""}]}
-                        for name, ip, prefix in devices]}
+    return {
+        "rank": rank,
+        "host": f"spark{rank}",
+        "boot": f"boot{rank}",
+        "devices": [
+            {"name": name, "state": state, "addresses": [{"ip": ip, "prefix": prefix, "gid_index": 3, "gid": ""}]}
+            for name, ip, prefix in devices
+        ],
+    }
 
 
 PINGS = {(0, 1): {"rocep1s0f1": {"us": {"2": 1.6, "16384": 2.9}}, "roceP2p1s0f1": {"us": {"2": 1.7, "16384": 3.0}}}}
@@ -112,8 +151,11 @@ def test_reachability_matrix_of_a_pair_and_of_a_ring_of_three():
     text = group.reach_matrix_text([report(0), report(1)])
     assert text.splitlines()[3].split()[-2:] == ["rocep1s0f1+roceP2p1s0f1", "self"], text
     ring = [report(r) for r in range(3)]  # each box's two ports cabled to its two neighbours, one subnet per cable
-    cables = {0: [("rxe0", "10.77.30.1", 24), ("rxe1", "10.77.32.2", 24)], 1: [("rxe0", "10.77.31.1", 24), ("rxe1", "10.77.30.2", 24)],
-              2: [("rxe0", "10.77.32.1", 24), ("rxe1", "10.77.31.2", 24)]}
+    cables = {
+        0: [("rxe0", "10.77.30.1", 24), ("rxe1", "10.77.32.2", 24)],
+        1: [("rxe0", "10.77.31.1", 24), ("rxe1", "10.77.30.2", 24)],
+        2: [("rxe0", "10.77.32.1", 24), ("rxe1", "10.77.31.2", 24)],
+    }
     for r in ring:
         r["reach"] = reach(r["rank"], cables[r["rank"]])
     assert by_item(group.check_reach(ring, {}))["group reachability"].status == OK

@@ -8,8 +8,20 @@ import pytest
 from typer.testing import CliRunner
 
 from arxtune.cli import app
-from arxtune.harness.e2e import (E2EConfig, divergence, engine_spec, failures, forced_thresholds, load_result, make_arms, plot_e2e,
-                                ratio, report_lines, summarize_arms, thresholds_for)
+from arxtune.harness.e2e import (
+    E2EConfig,
+    divergence,
+    engine_spec,
+    failures,
+    forced_thresholds,
+    load_result,
+    make_arms,
+    plot_e2e,
+    ratio,
+    report_lines,
+    summarize_arms,
+    thresholds_for,
+)
 from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.thresholds import from_dict
 
@@ -21,8 +33,18 @@ def engine(arm: str, step_s: float, tokens=((5, 6, 7), (8, 9, 10)), rounds: int 
     rnds = []
     for r in range(rounds):
         t0 = 100.0 * r
-        rnds.append([{"token_ids": list(t), "scheduled_ts": t0, "first_token_ts": t0 + 0.01,
-                      "last_token_ts": t0 + 0.01 + step_s * (len(t) - 1), "generated": len(t)} for t in tokens])
+        rnds.append(
+            [
+                {
+                    "token_ids": list(t),
+                    "scheduled_ts": t0,
+                    "first_token_ts": t0 + 0.01,
+                    "last_token_ts": t0 + 0.01 + step_s * (len(t) - 1),
+                    "generated": len(t),
+                }
+                for t in tokens
+            ]
+        )
     workers = [{"tp_rank": rank, "host": "h", "communicator": "C", "calls": calls} for rank in (0, 1)]
     return {"arm": arm, "startup_s": 1.0, "rounds": rnds, "workers": workers}
 
@@ -36,12 +58,18 @@ def test_samples_come_from_the_request_timestamps():
 
 def test_tokens_are_compared_with_the_first_vllm_engine_and_calls_summed_per_worker():
     calls = {"all_reduce:gloo": 3, "all_reduce:vllm": 1}
-    engines = [engine("vllm", 0.002), engine("thresholds", 0.001, calls=calls), engine("thresholds", 0.001, calls=calls),
-               engine("force:gloo", 0.003, tokens=((5, 6, 7), (8, 9, 11)))]
+    engines = [
+        engine("vllm", 0.002),
+        engine("thresholds", 0.001, calls=calls),
+        engine("thresholds", 0.001, calls=calls),
+        engine("force:gloo", 0.003, tokens=((5, 6, 7), (8, 9, 11))),
+    ]
     summary = summarize_arms(["vllm", "thresholds", "force:gloo"], engines)
     assert summary["thresholds"]["tokens_identical"] and not summary["force:gloo"]["tokens_identical"]
-    assert summary["thresholds"]["calls"] == {"0": {"all_reduce:gloo": 6, "all_reduce:vllm": 2},
-                                              "1": {"all_reduce:gloo": 6, "all_reduce:vllm": 2}}
+    assert summary["thresholds"]["calls"] == {
+        "0": {"all_reduce:gloo": 6, "all_reduce:vllm": 2},
+        "1": {"all_reduce:gloo": 6, "all_reduce:vllm": 2},
+    }
     assert summary["vllm"]["calls"] == {"0": {}, "1": {}}
 
 
@@ -90,14 +118,21 @@ def test_every_arm_batches_alike_and_the_result_says_how(tmp_path):
 def test_divergence_is_per_prompt_first_differing_token_and_share_identical():
     reference = [[1, 2, 3, 4], [5, 6, 7, 8]]
     rounds = [[[1, 2, 3, 4], [5, 6, 0, 0]], [[1, 2, 3, 4], [5, 0, 7, 8]]]
-    assert divergence(rounds, reference) == [{"prompt": 0, "first_difference": None, "identical_share": 1.0},
-                                             {"prompt": 1, "first_difference": 1, "identical_share": 0.625}]
+    assert divergence(rounds, reference) == [
+        {"prompt": 0, "first_difference": None, "identical_share": 1.0},
+        {"prompt": 1, "first_difference": 1, "identical_share": 0.625},
+    ]
 
 
 def _result(summary):
-    return {"kind": "arxtune-e2e", "version": 2, "summary": summary, "ratio_vs_vllm": {},
-            "batch": {"engine_core": "in-process", "max_num_seqs": 2, "max_num_batched_tokens": 256},
-            "config": {"tensor_parallel_size": 2, "model": "m", "dtype": "bfloat16", "prompts": 2, "decode_tokens": 3}}
+    return {
+        "kind": "arxtune-e2e",
+        "version": 2,
+        "summary": summary,
+        "ratio_vs_vllm": {},
+        "batch": {"engine_core": "in-process", "max_num_seqs": 2, "max_num_batched_tokens": 256},
+        "config": {"tensor_parallel_size": 2, "model": "m", "dtype": "bfloat16", "prompts": 2, "decode_tokens": 3},
+    }
 
 
 def test_diverging_tokens_are_reported_as_expected_where_a_routed_range_is_not_bitwise(tmp_path):
@@ -105,14 +140,21 @@ def test_diverging_tokens_are_reported_as_expected_where_a_routed_range_is_not_b
     engines = [engine("vllm", 0.002), engine("thresholds", 0.001, tokens=differ, calls={"all_reduce:reversed": 3})]
     loose = {"thresholds": ["eager all_reduce/bfloat16 [0B, 4KiB) -> reversed"]}
     result = _result(summarize_arms(["vllm", "thresholds"], engines, loose))
-    assert result["summary"]["thresholds"]["divergence"] == [{"prompt": 0, "first_difference": None, "identical_share": 1.0},
-                                                             {"prompt": 1, "first_difference": 1, "identical_share": 1 / 3}]
+    assert result["summary"]["thresholds"]["divergence"] == [
+        {"prompt": 0, "first_difference": None, "identical_share": 1.0},
+        {"prompt": 1, "first_difference": 1, "identical_share": 1 / 3},
+    ]
     assert failures(result) == []
     lines = report_lines(result)
-    assert lines[0] == "batch: 2 prompts submitted together, engine core in-process, max_num_seqs 2, max_num_batched_tokens 256, the same in every arm"
+    assert (
+        lines[0]
+        == "batch: 2 prompts submitted together, engine core in-process, max_num_seqs 2, max_num_batched_tokens 256, the same in every arm"
+    )
     assert "diverged" in lines[3] and "1.000 [" in lines[3]  # the decode figures stay in the arm's row
-    assert lines[4].startswith("thresholds: tokens diverge from vLLM's, as expected: it routes 1 range(s) to backends not known to give "
-                               "the baseline's bits (eager all_reduce/bfloat16 [0B, 4KiB) -> reversed)")
+    assert lines[4].startswith(
+        "thresholds: tokens diverge from vLLM's, as expected: it routes 1 range(s) to backends not known to give "
+        "the baseline's bits (eager all_reduce/bfloat16 [0B, 4KiB) -> reversed)"
+    )
     assert "added in another order" in lines[4] and lines[4].endswith("Not a failure.")
     assert lines[5:] == ["  prompt 0: identical, 100% of tokens identical", "  prompt 1: first differs at token 1, 33% of tokens identical"]
     (tmp_path / "e2e.json").write_text(json.dumps(result))
@@ -122,8 +164,10 @@ def test_diverging_tokens_are_reported_as_expected_where_a_routed_range_is_not_b
 def test_diverging_tokens_where_every_routed_range_is_bitwise_are_a_failure():
     engines = [engine("vllm", 0.002), engine("thresholds", 0.001, tokens=((5, 6, 7), (8, 9, 4)))]
     result = _result(summarize_arms(["vllm", "thresholds"], engines, {"thresholds": []}))
-    assert failures(result) == ["arm thresholds's tokens differ from vLLM's own though every range it routes away from vLLM's path "
-                                "gives the baseline's bits (first at token 2)"]
+    assert failures(result) == [
+        "arm thresholds's tokens differ from vLLM's own though every range it routes away from vLLM's path "
+        "gives the baseline's bits (first at token 2)"
+    ]
     lines = report_lines(result)
     assert "DIFFERENT" in lines[3] and lines[4].startswith("thresholds: FAILED: tokens differ")
     assert failures(_result(summarize_arms(["vllm", "thresholds"], [engine("vllm", 0.002), engine("thresholds", 0.001)]))) == []
@@ -136,8 +180,16 @@ def test_the_shipped_model_runs_on_dummy_weights_with_fixed_prompts():
     assert spec == engine_spec(E2EConfig(prompts=3, prompt_tokens=5))
 
 
-@pytest.mark.parametrize("bad", [dict(decode_tokens=1), dict(rounds=0), dict(nnodes=2, node_rank=2),
-                                 dict(tensor_parallel_size=2, nnodes=3), dict(prompt_tokens=250, decode_tokens=10)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(decode_tokens=1),
+        dict(rounds=0),
+        dict(nnodes=2, node_rank=2),
+        dict(tensor_parallel_size=2, nnodes=3),
+        dict(prompt_tokens=250, decode_tokens=10),
+    ],
+)
 def test_bad_configs_are_one_error(bad):
     with pytest.raises(ArxtuneError):
         E2EConfig(**bad)
@@ -146,9 +198,14 @@ def test_bad_configs_are_one_error(bad):
 def test_report_and_plot_from_a_result(tmp_path):
     engines = [engine("vllm", 0.002), engine("thresholds", 0.001, calls={"all_reduce:gloo": 3}), engine("force:x", 0.002, calls={})]
     summary = summarize_arms(["vllm", "thresholds", "force:x"], engines)
-    result = {"kind": "arxtune-e2e", "version": 1, "summary": summary, "ratio_vs_vllm": {"thresholds": ratio(summary["thresholds"], summary["vllm"])},
-              "config": {"tensor_parallel_size": 2, "model": "m", "dtype": "bfloat16", "prompts": 2, "decode_tokens": 3},
-              "provenance": {"host": "h"}}
+    result = {
+        "kind": "arxtune-e2e",
+        "version": 1,
+        "summary": summary,
+        "ratio_vs_vllm": {"thresholds": ratio(summary["thresholds"], summary["vllm"])},
+        "config": {"tensor_parallel_size": 2, "model": "m", "dtype": "bfloat16", "prompts": 2, "decode_tokens": 3},
+        "provenance": {"host": "h"},
+    }
     lines = report_lines(result)
     assert lines[0] == "batch: not pinned (an e2e result of version 1)"
     assert lines[2].startswith("vllm ") and "plugin off" in lines[2]

@@ -39,8 +39,11 @@ def test_a_failure_before_publishing_leaves_every_file_and_no_temporary(tmp_path
 def test_a_rename_that_fails_puts_back_those_before_it(tmp_path, monkeypatch):
     (tmp_path / "a.json").write_text("old a")
     real = os.replace
-    monkeypatch.setattr(fileio.os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError(5, "Input/output error"))
-                        if str(dst).endswith("b.csv") else real(src, dst))
+    monkeypatch.setattr(
+        fileio.os,
+        "replace",
+        lambda src, dst: (_ for _ in ()).throw(OSError(5, "Input/output error")) if str(dst).endswith("b.csv") else real(src, dst),
+    )
     with pytest.raises(ArxtuneError, match="cannot write second .*b.csv \\(Input/output error\\); no file was changed"):
         with Staged() as out:
             out.write_text(tmp_path / "a.json", "new a", "first")

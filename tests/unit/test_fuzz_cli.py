@@ -26,7 +26,11 @@ from helpers.runs import make_run
 EXAMPLE_S = 20.0
 #: Lines a command prints as it goes, before any error (e2e names each engine it starts).
 PROGRESS = ("e2e: ",)
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 runner = CliRunner()
 
 
@@ -72,18 +76,77 @@ def _snapshot(root: Path) -> dict[Path, bytes]:
 
 
 def _paths(lab: Path) -> st.SearchStrategy[str]:
-    return st.sampled_from([str(lab / "a"), str(lab / "b"), str(lab / "a" / POINTS_FILE), str(lab / "a" / META_FILE),
-                            str(lab / "a" / "thresholds.json"), str(lab / "fifo"), str(lab / "notes.txt"), str(lab / "dir"),
-                            str(lab / "missing" / "x.json"), str(lab), "", ".", "/dev/null", "/dev/zero", "/proc/x/y.json",
-                            "../escaped", "a\x00b", "x" * 5000, str(lab / "new.json"), str(lab / "new.svg"),
-                            str(lab / "full" / "x.json"), str(lab / "full" / "x.csv"), str(lab / "notes.txt" / "x.json")])
+    return st.sampled_from(
+        [
+            str(lab / "a"),
+            str(lab / "b"),
+            str(lab / "a" / POINTS_FILE),
+            str(lab / "a" / META_FILE),
+            str(lab / "a" / "thresholds.json"),
+            str(lab / "fifo"),
+            str(lab / "notes.txt"),
+            str(lab / "dir"),
+            str(lab / "missing" / "x.json"),
+            str(lab),
+            "",
+            ".",
+            "/dev/null",
+            "/dev/zero",
+            "/proc/x/y.json",
+            "../escaped",
+            "a\x00b",
+            "x" * 5000,
+            str(lab / "new.json"),
+            str(lab / "new.svg"),
+            str(lab / "full" / "x.json"),
+            str(lab / "full" / "x.csv"),
+            str(lab / "notes.txt" / "x.json"),
+        ]
+    )
 
 
-VALUES = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e999", "9" * 400, "abc", "", "0.5", "2", "1KiB", "-5MiB",
-                                    "gloo", "fast", "nccl", "eager", "graph", "isolated", "bogus", "csv", "table", "xml",
-                                    "nccl-tuner", "float32", "bfloat16", "int32",
-                                    "eager,graph", "gloo,,", "host", "host:0", "host:99999", "h:1", "../x", "\x00"]),
-                   st.text(max_size=6))
+VALUES = st.one_of(
+    st.sampled_from(
+        [
+            "nan",
+            "inf",
+            "-inf",
+            "-1",
+            "0",
+            "1e999",
+            "9" * 400,
+            "abc",
+            "",
+            "0.5",
+            "2",
+            "1KiB",
+            "-5MiB",
+            "gloo",
+            "fast",
+            "nccl",
+            "eager",
+            "graph",
+            "isolated",
+            "bogus",
+            "csv",
+            "table",
+            "xml",
+            "nccl-tuner",
+            "float32",
+            "bfloat16",
+            "int32",
+            "eager,graph",
+            "gloo,,",
+            "host",
+            "host:0",
+            "host:99999",
+            "h:1",
+            "../x",
+            "\x00",
+        ]
+    ),
+    st.text(max_size=6),
+)
 
 
 def _check(result, before: dict[Path, bytes], after: dict[Path, bytes], outputs: set[Path], started: float) -> None:
@@ -116,13 +179,32 @@ def _outputs(lab: Path, args: list[str], defaults: tuple[Path, ...]) -> set[Path
 
 #: Values each option takes when used as meant: a command whose every value is plausible gets past the early
 #: checks, so what it refuses late (a tuner mode the file lacks, a disk that fills) is reached too.
-PLAUSIBLE = {"--margin": ["0.2", "0.05"], "--export": ["nccl-tuner", "csv", "table"], "--tuner-mode": ["eager", "graph"],
-             "--tuner-dtype": ["float32", "bfloat16"], "--eager-from": ["eager", "isolated"], "--graph-from": ["graph"],
-             "--baseline": ["gloo", "fast"], "--tolerance": ["0.05"], "--min-agreement": ["0.5"], "--view": ["eager"]}
+PLAUSIBLE = {
+    "--margin": ["0.2", "0.05"],
+    "--export": ["nccl-tuner", "csv", "table"],
+    "--tuner-mode": ["eager", "graph"],
+    "--tuner-dtype": ["float32", "bfloat16"],
+    "--eager-from": ["eager", "isolated"],
+    "--graph-from": ["graph"],
+    "--baseline": ["gloo", "fast"],
+    "--tolerance": ["0.05"],
+    "--min-agreement": ["0.5"],
+    "--view": ["eager"],
+}
 
 OPTIONS = {
-    "calibrate": ["--out", "--baseline", "--margin", "--eager-from", "--graph-from", "--prefer", "--export",
-                  "--tuner-out", "--tuner-mode", "--tuner-dtype"],
+    "calibrate": [
+        "--out",
+        "--baseline",
+        "--margin",
+        "--eager-from",
+        "--graph-from",
+        "--prefer",
+        "--export",
+        "--tuner-out",
+        "--tuner-mode",
+        "--tuner-dtype",
+    ],
     "compare": ["--baseline", "--margin", "--tolerance", "--min-agreement"],
     "plot": ["--thresholds", "--out", "--view", "--mode"],
     "show": [],
@@ -135,8 +217,19 @@ def test_commands_on_runs_and_files(lab, monkeypatch, data, command):
     """calibrate's option space includes --export nccl-tuner and its options, and install targets that fail
     (a folder, a FIFO, a file of another kind, a path through a file, a full disk): a refused command leaves
     every earlier file byte for byte (_check)."""
-    install = data.draw(st.sampled_from([lab / "installed.json", lab / "installed.json", lab / "dir", lab / "fifo", lab / "notes.txt",
-                                         lab / "notes.txt" / "t.json", lab / "full" / "thresholds.json"]))
+    install = data.draw(
+        st.sampled_from(
+            [
+                lab / "installed.json",
+                lab / "installed.json",
+                lab / "dir",
+                lab / "fifo",
+                lab / "notes.txt",
+                lab / "notes.txt" / "t.json",
+                lab / "full" / "thresholds.json",
+            ]
+        )
+    )
     monkeypatch.setenv("ARXTUNE_THRESHOLDS", str(install))
     paths = _paths(lab)
     runs = st.one_of(st.just(str(lab / "a")), st.just(str(lab / "b")), paths)  # two in three reach the command itself
@@ -149,8 +242,15 @@ def test_commands_on_runs_and_files(lab, monkeypatch, data, command):
         args.append("--install")
     if command == "calibrate" and "--export" not in args and data.draw(st.booleans()):
         args += ["--export", "nccl-tuner"]  # so the tuner's options meet the export they belong to
-    defaults = (lab / "a" / "thresholds.json", lab / "b" / "thresholds.json", lab / "a" / "plot.png", lab / "b" / "plot.png",
-                lab / "installed.json", lab / "a" / "nccl-tuner.csv", lab / "b" / "nccl-tuner.csv")
+    defaults = (
+        lab / "a" / "thresholds.json",
+        lab / "b" / "thresholds.json",
+        lab / "a" / "plot.png",
+        lab / "b" / "plot.png",
+        lab / "installed.json",
+        lab / "a" / "nccl-tuner.csv",
+        lab / "b" / "nccl-tuner.csv",
+    )
     _invoke(lab, args, _outputs(lab, args, defaults))
 
 
@@ -173,14 +273,35 @@ def test_calibrate_option_space(lab, monkeypatch, data):
     for option in data.draw(st.lists(st.sampled_from(options), max_size=3, unique=True)):
         plausible = st.sampled_from(PLAUSIBLE.get(option, [str(lab / "full" / "x.csv"), str(lab / "new.json")]))
         args += [option, data.draw(st.one_of(plausible, plausible, plausible, _paths(lab), VALUES))]
-    defaults = (lab / "a" / "thresholds.json", lab / "b" / "thresholds.json", lab / "installed.json",
-                lab / "a" / "nccl-tuner.csv", lab / "b" / "nccl-tuner.csv")
+    defaults = (
+        lab / "a" / "thresholds.json",
+        lab / "b" / "thresholds.json",
+        lab / "installed.json",
+        lab / "a" / "nccl-tuner.csv",
+        lab / "b" / "nccl-tuner.csv",
+    )
     _invoke(lab, args, _outputs(lab, args, defaults))
 
 
-SWEEP_OPTIONS = ["--backends", "--ops", "--dtypes", "--views", "--modes", "--min-bytes", "--max-bytes", "--step-factor",
-                 "--point-budget-s", "--out", "--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint", "--run-id",
-                 "--config", "--resume"]
+SWEEP_OPTIONS = [
+    "--backends",
+    "--ops",
+    "--dtypes",
+    "--views",
+    "--modes",
+    "--min-bytes",
+    "--max-bytes",
+    "--step-factor",
+    "--point-budget-s",
+    "--out",
+    "--nproc-per-node",
+    "--nnodes",
+    "--node-rank",
+    "--rdzv-endpoint",
+    "--run-id",
+    "--config",
+    "--resume",
+]
 
 
 @FUZZ
@@ -200,8 +321,25 @@ def test_sweep_arguments_before_launching(lab, monkeypatch, data):
         assert plan.resolved_nproc() >= 1
 
 
-E2E_OPTIONS = ["--thresholds", "--force", "--model", "--tp", "--dtype", "--max-model-len", "--prompts", "--prompt-tokens",
-               "--decode-tokens", "--rounds", "--repeats", "--out", "--run-id", "--timeout-s", "--nnodes", "--node-rank", "--master-port"]
+E2E_OPTIONS = [
+    "--thresholds",
+    "--force",
+    "--model",
+    "--tp",
+    "--dtype",
+    "--max-model-len",
+    "--prompts",
+    "--prompt-tokens",
+    "--decode-tokens",
+    "--rounds",
+    "--repeats",
+    "--out",
+    "--run-id",
+    "--timeout-s",
+    "--nnodes",
+    "--node-rank",
+    "--master-port",
+]
 
 
 @FUZZ
@@ -225,8 +363,20 @@ def test_e2e_arguments_before_any_engine(lab, monkeypatch, data):
 
 
 @FUZZ
-@given(variable=st.sampled_from(["ARXTUNE_FINGERPRINT", "ARXTUNE_EXTRA_BACKENDS", "ARXTUNE_NCCL_LOOP", "ARXTUNE_ARXG_NATIVE",
-                                 "ARXTUNE_RDMA_MAX_BYTES", "ARXTUNE_RDMA_PORT", "ARXTUNE_DEVICE"]), value=VALUES)
+@given(
+    variable=st.sampled_from(
+        [
+            "ARXTUNE_FINGERPRINT",
+            "ARXTUNE_EXTRA_BACKENDS",
+            "ARXTUNE_NCCL_LOOP",
+            "ARXTUNE_ARXG_NATIVE",
+            "ARXTUNE_RDMA_MAX_BYTES",
+            "ARXTUNE_RDMA_PORT",
+            "ARXTUNE_DEVICE",
+        ]
+    ),
+    value=VALUES,
+)
 def test_doctor_and_show_under_any_environment(lab, monkeypatch, variable, value):
     if "\x00" in value:
         value = value.replace("\x00", "")  # no environment variable holds a NUL

@@ -25,16 +25,50 @@ from helpers.runs import make_run
 
 #: Longest one example may take: a loader that hangs or crawls on hostile input fails here.
 EXAMPLE_S = 5.0
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 HOSTILE_SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
-    st.sampled_from([0, -1, 1 << 64, 10 ** 400, 1e999, -1e999, 1e-320, 0.5, "", "abc", "lots", "NaN", "inf", "1e999",
-                     "../x", "\x00", "\udcff" if False else "\u00ff", "gloo", "all_to_all", "5", [], {}]),
-    st.floats(allow_nan=False, allow_infinity=True), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.sampled_from(
+        [
+            0,
+            -1,
+            1 << 64,
+            10**400,
+            1e999,
+            -1e999,
+            1e-320,
+            0.5,
+            "",
+            "abc",
+            "lots",
+            "NaN",
+            "inf",
+            "1e999",
+            "../x",
+            "\x00",
+            "\udcff" if False else "\u00ff",
+            "gloo",
+            "all_to_all",
+            "5",
+            [],
+            {},
+        ]
+    ),
+    st.floats(allow_nan=False, allow_infinity=True),
+    st.text(max_size=12),
 )
-HOSTILE = st.recursive(HOSTILE_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                                 st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=6)
+HOSTILE = st.recursive(
+    HOSTILE_SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6,
+)
 
 
 def _paths(data, prefix=()):
@@ -109,14 +143,26 @@ def _timed(call):
 
 # -- thresholds (the runtime's loader)
 
+
 def _valid_thresholds() -> dict:
     table = Table("all_reduce", "float32", 2, (Range(0, 4096, "gloo"), Range(4096, None, "gloo", "model")), "eager", "r", "eager")
     return Thresholds("gloo", 0.05, {"runs": ["r"]}, (table,)).to_dict() | {
-        "models": [{"backend": "gloo", "op": "all_reduce", "dtype": "float32", "world_size": 2, "alpha_us": 5.0,
-                    "bandwidth_gbps": 1.0, "mode": "eager"}],
-        "runs": [{"run_id": "r", "fingerprint": {"world_size": 2, "hostnames": ["a", "b"], "device_names": ["cpu", "cpu"],
-                                                 "rdma_devices": None}}],
-        "backend_setup": {"gloo": {"options": {}, "capacity": {"all_reduce": 1 << 20}}}}
+        "models": [
+            {
+                "backend": "gloo",
+                "op": "all_reduce",
+                "dtype": "float32",
+                "world_size": 2,
+                "alpha_us": 5.0,
+                "bandwidth_gbps": 1.0,
+                "mode": "eager",
+            }
+        ],
+        "runs": [
+            {"run_id": "r", "fingerprint": {"world_size": 2, "hostnames": ["a", "b"], "device_names": ["cpu", "cpu"], "rdma_devices": None}}
+        ],
+        "backend_setup": {"gloo": {"options": {}, "capacity": {"all_reduce": 1 << 20}}},
+    }
 
 
 @FUZZ
@@ -152,12 +198,36 @@ def test_thresholds_files_load_or_fail_in_one_line(tmp_path, data, cut, junk, he
 
 # -- run meta.json and points.csv
 
+
 @FUZZ
-@given(data=mutated({"run_id": "r", "world_size": 2, "device_type": "cpu", "config": {"step_factor": 2.0}, "baseline": "gloo",
-                     "started": "now", "version": 3, "finished": "later", "hostnames": ["a", "b"], "device_names": ["cpu", "cpu"],
-                     "backends": {"gloo": {"available": True, "reason": "", "capturable": False, "ops": ["all_reduce"],
-                                           "capacity": {"all_reduce": 1024}, "options": {}}},
-                     "fabric_floor_us": 1.5, "rdma_devices": []}))
+@given(
+    data=mutated(
+        {
+            "run_id": "r",
+            "world_size": 2,
+            "device_type": "cpu",
+            "config": {"step_factor": 2.0},
+            "baseline": "gloo",
+            "started": "now",
+            "version": 3,
+            "finished": "later",
+            "hostnames": ["a", "b"],
+            "device_names": ["cpu", "cpu"],
+            "backends": {
+                "gloo": {
+                    "available": True,
+                    "reason": "",
+                    "capturable": False,
+                    "ops": ["all_reduce"],
+                    "capacity": {"all_reduce": 1024},
+                    "options": {},
+                }
+            },
+            "fabric_floor_us": 1.5,
+            "rdma_devices": [],
+        }
+    )
+)
 def test_run_meta_is_a_meta_or_one_format_error(data):
     try:
         data = realize(data)
@@ -169,9 +239,13 @@ def test_run_meta_is_a_meta_or_one_format_error(data):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(line=st.integers(min_value=0, max_value=2), column=st.integers(min_value=0, max_value=11),
-       value=st.sampled_from(["", "-1", "0", "nan", "inf", "1e999", "9" * 5000, "abc", '"', "a,b", "gloo", "eager", "ok",
-                              "1 2 3", "0.5 -1", "\x00", "ünï"]))
+@given(
+    line=st.integers(min_value=0, max_value=2),
+    column=st.integers(min_value=0, max_value=11),
+    value=st.sampled_from(
+        ["", "-1", "0", "nan", "inf", "1e999", "9" * 5000, "abc", '"', "a,b", "gloo", "eager", "ok", "1 2 3", "0.5 -1", "\x00", "ünï"]
+    ),
+)
 def test_points_files_load_or_fail_in_one_line(tmp_path_factory, line, column, value):
     run = make_run(tmp_path_factory.mktemp("run"), lambda b, n: 10.0, [1024, 2048], backends=("gloo",), n=10, rounds=2)
     points = run.path / "points.csv"
@@ -190,8 +264,26 @@ def test_points_files_load_or_fail_in_one_line(tmp_path_factory, line, column, v
 
 # -- sweep config (TOML and the mapping flags feed)
 
-CONFIG_KEYS = ["backends", "ops", "dtypes", "views", "modes", "min_bytes", "max_bytes", "step_factor", "point_budget_s", "timeout_s",
-               "warmup_iters", "rounds", "min_iters", "max_iters", "baseline", "out", "backend_options", "colour"]
+CONFIG_KEYS = [
+    "backends",
+    "ops",
+    "dtypes",
+    "views",
+    "modes",
+    "min_bytes",
+    "max_bytes",
+    "step_factor",
+    "point_budget_s",
+    "timeout_s",
+    "warmup_iters",
+    "rounds",
+    "min_iters",
+    "max_iters",
+    "baseline",
+    "out",
+    "backend_options",
+    "colour",
+]
 
 
 @FUZZ
@@ -204,15 +296,40 @@ def test_sweep_config_is_a_config_or_one_error(data):
     assert config.min_bytes <= config.max_bytes and config.step_factor > 1 and config.views
 
 
-TOML_VALUES = st.sampled_from(["1e999", "nan", "-inf", "0", "-1", "1", "9" * 5000, '"abc"', '"1MiB"', '"9999999999999999999999TiB"',
-                               '"' + "9" * 5000 + '"', '"99999999999GiB"',
-                               "[]", '["gloo"]', "[1, 2]", "{}", "{arx = 3}", "{arx = {max_bytes = \"lots\"}}", "true",
-                               "[" * 2000 + "]" * 2000, '"\\u0000"'])
+TOML_VALUES = st.sampled_from(
+    [
+        "1e999",
+        "nan",
+        "-inf",
+        "0",
+        "-1",
+        "1",
+        "9" * 5000,
+        '"abc"',
+        '"1MiB"',
+        '"9999999999999999999999TiB"',
+        '"' + "9" * 5000 + '"',
+        '"99999999999GiB"',
+        "[]",
+        '["gloo"]',
+        "[1, 2]",
+        "{}",
+        "{arx = 3}",
+        "{arx = {max_bytes = \"lots\"}}",
+        "true",
+        "[" * 2000 + "]" * 2000,
+        '"\\u0000"',
+    ]
+)
 
 
 @FUZZ
-@given(pairs=st.lists(st.tuples(st.sampled_from(CONFIG_KEYS), TOML_VALUES), max_size=3), raw=st.binary(max_size=20), head=HEADS,
-       table=st.booleans())
+@given(
+    pairs=st.lists(st.tuples(st.sampled_from(CONFIG_KEYS), TOML_VALUES), max_size=3),
+    raw=st.binary(max_size=20),
+    head=HEADS,
+    table=st.booleans(),
+)
 def test_sweep_config_files_load_or_fail_in_one_line(tmp_path, pairs, raw, head, table):
     path = tmp_path / "c.toml"
     body = ("[sweep]\n" if table else "") + "".join(f"{k} = {v}\n" for k, v in dict(pairs).items())
@@ -225,12 +342,19 @@ def test_sweep_config_files_load_or_fail_in_one_line(tmp_path, pairs, raw, head,
 
 # -- e2e result
 
+
 def _valid_e2e() -> dict:
     stats = {"median_us": 1000.0, "ci_low_us": 900.0, "ci_high_us": 1100.0}
-    return {"kind": E2E_KIND, "version": E2E_VERSION, "config": {}, "summary": {
-        "vllm": {"decode": stats, "prefill": stats, "calls": {}, "plugin": False, "tokens_identical": True},
-        "thresholds": {"decode": stats, "prefill": stats, "calls": {"0": {"gloo": 3}}, "plugin": True, "tokens_identical": True}},
-        "ratio_vs_vllm": {"thresholds": {"median": 1.0, "low": 0.9, "high": 1.1}}}
+    return {
+        "kind": E2E_KIND,
+        "version": E2E_VERSION,
+        "config": {},
+        "summary": {
+            "vllm": {"decode": stats, "prefill": stats, "calls": {}, "plugin": False, "tokens_identical": True},
+            "thresholds": {"decode": stats, "prefill": stats, "calls": {"0": {"gloo": 3}}, "plugin": True, "tokens_identical": True},
+        },
+        "ratio_vs_vllm": {"thresholds": {"median": 1.0, "low": 0.9, "high": 1.1}},
+    }
 
 
 @FUZZ

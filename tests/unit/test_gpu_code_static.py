@@ -61,15 +61,17 @@ def _problems(path: Path) -> list[str]:
                 found.append(f"line {node.lineno}: {node.value.id} ({aliases[node.value.id].__name__}) has no {node.attr}")
     fields = _record_fields()
     for node in ast.walk(tree):
-        loops = node.generators if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)) else (
-            [node] if isinstance(node, ast.For) else [])
+        loops = (
+            node.generators
+            if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp))
+            else ([node] if isinstance(node, ast.For) else [])
+        )
         for loop in loops:
             it = loop.iter
             if isinstance(it, ast.Attribute) and it.attr in fields and isinstance(loop.target, ast.Name):
                 var, known = loop.target.id, fields[it.attr]
                 for sub in ast.walk(node):
-                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == var \
-                            and sub.attr not in known:
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == var and sub.attr not in known:
                         found.append(f"line {sub.lineno}: an item of .{it.attr} has no {sub.attr}")
     return found
 
@@ -81,10 +83,14 @@ def test_code_only_a_gpu_runs_names_what_exists(path):
 
 def test_the_check_finds_a_renamed_record_field_and_a_missing_name(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("from arxtune.runtime.timing import CudaGraphTimer, NoSuchTimer\n"
-                   "from arxtune.runtime import timing\n"
-                   "timing.make_timer\ntiming.gone\n"
-                   "def f(run):\n    return {r.mode for r in run.records}\n")
-    assert _problems(bad) == ["line 1: arxtune.runtime.timing has no NoSuchTimer",
-                              "line 4: timing (arxtune.runtime.timing) has no gone",
-                              "line 6: an item of .records has no mode"]
+    bad.write_text(
+        "from arxtune.runtime.timing import CudaGraphTimer, NoSuchTimer\n"
+        "from arxtune.runtime import timing\n"
+        "timing.make_timer\ntiming.gone\n"
+        "def f(run):\n    return {r.mode for r in run.records}\n"
+    )
+    assert _problems(bad) == [
+        "line 1: arxtune.runtime.timing has no NoSuchTimer",
+        "line 4: timing (arxtune.runtime.timing) has no gone",
+        "line 6: an item of .records has no mode",
+    ]

@@ -17,8 +17,14 @@ TESTS = Path(__file__).parents[1]
 @pytest.mark.parametrize("require, code", [("1", 1), ("0", 0)])
 def test_the_gpu_tier_fails_instead_of_skipping_when_a_gpu_is_required(require, code):
     environ = {**os.environ, "ARXTUNE_REQUIRE_GPU": require}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / "gpu" / "test_ladder_gpu.py")],
-                            capture_output=True, text=True, env=environ, timeout=300, cwd=TESTS.parent)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / "gpu" / "test_ladder_gpu.py")],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=300,
+        cwd=TESTS.parent,
+    )
     assert result.returncode == code, result.stdout[-2000:]
     if require == "1":
         assert "ARXTUNE_REQUIRE_GPU=1 and this machine has no CUDA GPU" in result.stdout

@@ -26,8 +26,10 @@ def _ok(name, median, rounds=4, jitter=0.0):
 def test_boundaries_are_the_hand_overs_between_different_backends():
     t = _table((0, 8 * KiB, "arx"), (8 * KiB, 64 * KiB, "gloo"), (64 * KiB, None, "nccl"))
     found = boundaries([t])
-    assert [(b.at, b.below, b.above, b.lo, b.hi) for b in found] == [(8 * KiB, "arx", "gloo", 0, 64 * KiB),
-                                                                      (64 * KiB, "gloo", "nccl", 8 * KiB, None)]
+    assert [(b.at, b.below, b.above, b.lo, b.hi) for b in found] == [
+        (8 * KiB, "arx", "gloo", 0, 64 * KiB),
+        (64 * KiB, "gloo", "nccl", 8 * KiB, None),
+    ]
     assert boundaries([_table((0, None, "gloo"))]) == []
 
 
@@ -48,8 +50,7 @@ def test_the_shared_rule_needs_the_margin_in_the_median_and_the_paired_rounds():
     assert clearly_faster(PointTimes.from_rounds([[5.0, 5.0]] * 4), base, 0.05)
     assert not clearly_faster(PointTimes.from_rounds([[9.8, 9.8]] * 4), base, 0.05)  # within the margin: a tie
     # faster pooled, but slower in most paired rounds: no clear win
-    assert not clearly_faster(PointTimes.from_rounds([[1.0], [1.0], [20.0], [20.0], [20.0]]),
-                              PointTimes.from_rounds([[10.0]] * 5), 0.05)
+    assert not clearly_faster(PointTimes.from_rounds([[1.0], [1.0], [20.0], [20.0], [20.0]]), PointTimes.from_rounds([[10.0]] * 5), 0.05)
 
 
 def test_the_file_keeps_a_size_unless_the_other_side_clearly_wins_or_it_fails():
@@ -120,8 +121,10 @@ def test_the_ladder_run_reads_back_with_the_harness(tmp_path, monkeypatch):
 
     monkeypatch.setenv(env.BOOT_OUT.name, str(tmp_path))
     ctx = type("Ctx", (), {"world_size": 2, "device": torch.device("cpu")})()
-    points = {("gloo", "all_reduce", "float32", "eager", 4096): _ok("gloo", 30.0),
-              ("slow", "all_reduce", "float32", "eager", 4096): Measured("slow", "error", error="TimeoutError: gave up")}
+    points = {
+        ("gloo", "all_reduce", "float32", "eager", 4096): _ok("gloo", 30.0),
+        ("slow", "all_reduce", "float32", "eager", 4096): Measured("slow", "error", error="TimeoutError: gave up"),
+    }
     path = ladder.write_run(ctx, _Prober(points), "gloo", "2026-12-07T00:00:00+00:00", {"gloo": {"available": True, "reason": ""}}, "check")  # type: ignore[arg-type]
     run = load_run(path)
     assert run.meta.baseline == "gloo" and run.meta.world_size == 2 and run.meta.finished

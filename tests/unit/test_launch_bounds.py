@@ -63,7 +63,9 @@ def test_a_job_that_never_forms_ends_at_the_timeout_naming_what_never_came(monke
     result = launch.run_under_torchrun(plan, [])
     assert time.monotonic() - started < 10
     assert result.code != 0
-    assert result.errors == ["the rendezvous at node0:29500 did not complete within timeout_s (2 s): not all 2 nodes came (--nnodes); nothing was measured"]
+    assert result.errors == [
+        "the rendezvous at node0:29500 did not complete within timeout_s (2 s): not all 2 nodes came (--nnodes); nothing was measured"
+    ]
 
 
 def test_the_rendezvous_is_bounded_by_the_sweeps_timeout():
@@ -71,11 +73,16 @@ def test_the_rendezvous_is_bounded_by_the_sweeps_timeout():
     assert args[args.index("--rdzv-conf") + 1] == "join_timeout=8,read_timeout=8"
 
 
-@pytest.mark.parametrize("plan, needle", [
-    (launch.LaunchPlan(nproc_per_node=0), "--nproc-per-node 0"), (launch.LaunchPlan(nnodes=0), "--nnodes 0"),
-    (launch.LaunchPlan(nnodes=2, node_rank=-1, rdzv_endpoint="h:1"), "--node-rank -1"),
-    (launch.LaunchPlan(nnodes=2, rdzv_endpoint="h:0"), "HOST:PORT"), (launch.LaunchPlan(nnodes=2, rdzv_endpoint=":80"), "HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "plan, needle",
+    [
+        (launch.LaunchPlan(nproc_per_node=0), "--nproc-per-node 0"),
+        (launch.LaunchPlan(nnodes=0), "--nnodes 0"),
+        (launch.LaunchPlan(nnodes=2, node_rank=-1, rdzv_endpoint="h:1"), "--node-rank -1"),
+        (launch.LaunchPlan(nnodes=2, rdzv_endpoint="h:0"), "HOST:PORT"),
+        (launch.LaunchPlan(nnodes=2, rdzv_endpoint=":80"), "HOST:PORT"),
+    ],
+)
 def test_plans_torchrun_would_misread_are_refused(plan, needle):
     with pytest.raises(launch.ArxtuneError, match=needle):
         plan.torchrun_args()
@@ -119,8 +126,7 @@ def test_ranks_sharing_the_launchers_pipe_say_whole_lines():
     about half such lines on the 2-core machine)."""
     read, write = os.pipe()
     start = str(time.time() + 3)  # all at once, after their imports
-    procs = [subprocess.Popen([sys.executable, "-c", SAYS_JOINED, start, "20000"], stderr=write, env=launch.child_env())
-             for _ in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", SAYS_JOINED, start, "20000"], stderr=write, env=launch.child_env()) for _ in range(3)]
     os.close(write)
     with os.fdopen(read) as stream:
         got = stream.read().splitlines()

@@ -37,8 +37,10 @@ FLOORS: tuple[tuple[str, ...], ...] = (
 def floor_of(module: str) -> int:
     """The floor of `arxtune.runtime.X...` by its longest listed prefix; KeyError for a module no floor lists."""
     rest = module.removeprefix("arxtune.runtime.")
-    best = max(((len(name), level) for level, names in enumerate(FLOORS) for name in names
-                if rest == name or rest.startswith(name + ".")), default=None)
+    best = max(
+        ((len(name), level) for level, names in enumerate(FLOORS) for name in names if rest == name or rest.startswith(name + ".")),
+        default=None,
+    )
     if best is None:
         raise KeyError(module)
     return best[1]
@@ -72,9 +74,12 @@ def _runtime_modules() -> list[Path]:
 
 def test_no_runtime_module_imports_the_harness_or_its_libraries():
     assert len(_runtime_modules()) > 20
-    offending = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
-                 for path in _runtime_modules() for line, name in _imports(path)
-                 if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)]
+    offending = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+        for path in _runtime_modules()
+        for line, name in _imports(path)
+        if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
+    ]
     assert not offending, "\n".join(offending)
 
 
@@ -91,14 +96,16 @@ def test_the_static_check_sees_relative_and_lazy_imports(tmp_path):
 
 def test_importing_every_runtime_module_loads_nothing_forbidden():
     modules = [_module_name(p) for p in _runtime_modules()]
-    code = ("import importlib, sys\n"
-            f"for name in {modules!r}:\n"
-            "    try:\n"
-            "        importlib.import_module(name)\n"
-            "    except ImportError as exc:\n"  # an optional dependency absent here (triton, pyverbs, vllm)
-            "        if (exc.name or '').startswith('arxtune'):\n"
-            "            raise\n"
-            f"print(sorted(m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {FORBIDDEN!r})))\n")
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError as exc:\n"  # an optional dependency absent here (triton, pyverbs, vllm)
+        "        if (exc.name or '').startswith('arxtune'):\n"
+        "            raise\n"
+        f"print(sorted(m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {FORBIDDEN!r})))\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
@@ -132,8 +139,9 @@ def _has_floor(module: str) -> bool:
 def test_no_runtime_import_runs_up_a_floor():
     edges = _runtime_edges()
     assert len(edges) > 100
-    upward = [f"{a} (floor {floor_of(a)}) line {line} imports {b} (floor {floor_of(b)})"
-              for a, line, b in edges if floor_of(b) > floor_of(a)]
+    upward = [
+        f"{a} (floor {floor_of(a)}) line {line} imports {b} (floor {floor_of(b)})" for a, line, b in edges if floor_of(b) > floor_of(a)
+    ]
     assert not upward, "\n".join(upward)
 
 

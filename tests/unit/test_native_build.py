@@ -43,8 +43,12 @@ def include_dir(tmp_path_factory) -> Path:
 
 def _disassemble(source: Path, include: Path, out: Path) -> str:
     obj = out / f"{source.stem}.o"
-    cc = subprocess.run([CROSS, "-O2", "-fPIC", "-Wall", "-Werror", "-I", str(include), "-c", str(source), "-o", str(obj)],
-                        capture_output=True, text=True, timeout=120)
+    cc = subprocess.run(
+        [CROSS, "-O2", "-fPIC", "-Wall", "-Werror", "-I", str(include), "-c", str(source), "-o", str(obj)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cc.returncode == 0, cc.stderr
     return subprocess.run([OBJDUMP, "-d", str(obj)], capture_output=True, text=True, timeout=60, check=True).stdout
 

@@ -66,12 +66,20 @@ def test_two_sparks_over_both_twins():
     assert used["version"] == "2.29.3+cuda13.0" and used["network"] == "IB" and used["gid_index"] == 3
     assert used["devices"] == ["rocep1s0f1:1/RoCE", "roceP2p1s0f1:1/RoCE"] and used["oob"] == "enp1s0f1np1:10.0.0.1<0>"
     (comm,) = used["communicators"]
-    assert comm == {"rank": 0, "nranks": 2, "nnodes": 2, "channels": 2, "transports": ["NET/IB"],
-                    "hcas_used": ["rocep1s0f1:1", "roceP2p1s0f1:1"]}
+    assert comm == {
+        "rank": 0,
+        "nranks": 2,
+        "nnodes": 2,
+        "channels": 2,
+        "transports": ["NET/IB"],
+        "hcas_used": ["rocep1s0f1:1", "roceP2p1s0f1:1"],
+    }
     assert used["choices"] == {"AllReduce": {"16384": "RING/LL", "4194304": "RING/SIMPLE"}}
     assert nccl_facts.problems(used) == []
-    assert nccl_facts.summary(used) == ("NCCL 2.29.3+cuda13.0, via NET/IB, HCAs roceP2p1s0f1:1,rocep1s0f1:1, GID 3, channels 2, "
-                                        "algo/proto AllReduce 16384:RING/LL,4194304:RING/SIMPLE")
+    assert nccl_facts.summary(used) == (
+        "NCCL 2.29.3+cuda13.0, via NET/IB, HCAs roceP2p1s0f1:1,rocep1s0f1:1, GID 3, channels 2, "
+        "algo/proto AllReduce 16384:RING/LL,4194304:RING/SIMPLE"
+    )
 
 
 def test_one_twin_is_a_problem():
@@ -104,8 +112,10 @@ def test_an_empty_log_records_nothing():
 
 
 def test_loaded_library_from_maps():
-    maps = ("7f00-7f01 r-xp 00000000 08:01 123  /usr/lib/libc.so.6\n"
-            "7f10-7f20 r-xp 00000000 08:01 456  /venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2\n")
+    maps = (
+        "7f00-7f01 r-xp 00000000 08:01 123  /usr/lib/libc.so.6\n"
+        "7f10-7f20 r-xp 00000000 08:01 456  /venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2\n"
+    )
     assert nccl_facts.loaded_library(maps).endswith("nvidia/nccl/lib/libnccl.so.2")
     assert nccl_facts.loaded_library("7f00-7f01 r-xp 00000000 08:01 123  /usr/lib/libnccl-net.so\n") is None
 
@@ -115,7 +125,10 @@ def test_pair_settings_name_both_twins_and_their_shared_index():
         return Endpoint(dev, 1, GidEntry(index, "0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", netdev))
 
     s = nccl_facts.pair_settings([ep("rocep1s0f1", 3, "enp1s0f1np1"), ep("roceP2p1s0f1", 3, "enP2p1s0f1np1")])
-    assert s.export_lines() == ["export NCCL_IB_HCA==rocep1s0f1:1,roceP2p1s0f1:1", "export NCCL_IB_GID_INDEX=3",
-                                "export NCCL_SOCKET_IFNAME==enp1s0f1np1"]
+    assert s.export_lines() == [
+        "export NCCL_IB_HCA==rocep1s0f1:1,roceP2p1s0f1:1",
+        "export NCCL_IB_GID_INDEX=3",
+        "export NCCL_SOCKET_IFNAME==enp1s0f1np1",
+    ]
     assert s.problem is None
     assert nccl_facts.pair_settings([]).values == {}

@@ -38,16 +38,20 @@ def test_output_without_a_table_is_an_error_that_shows_it():
 
 
 def test_a_size_printed_in_several_cycles_counts_at_its_median():
-    rows = "\n".join(f"        8192          4096  bfloat16     sum      -1     {t}    1.20    0.00       0     0.21   39.01    0.00       0"
-                     for t in ("6.0", "9.0", "7.0"))
+    rows = "\n".join(
+        f"        8192          4096  bfloat16     sum      -1     {t}    1.20    0.00       0     0.21   39.01    0.00       0"
+        for t in ("6.0", "9.0", "7.0")
+    )
     header = OUTPUT.split("        8192")[0]
     assert fidelity.parse_out_of_place_us(header + rows + "\n") == {8192: 7.0}
 
 
 def test_rounds_are_compared_side_by_side_and_nccl_tests_against_itself_is_reported():
-    rounds = [{"arxtune": {("eager", 8): 10.0}, "eager": {8: 9.0}, "eager_after": {8: 11.0}},  # a fast process on both sides
-              {"arxtune": {("eager", 8): 14.0}, "eager": {8: 12.0}, "eager_after": {8: 12.0}},
-              {"arxtune": {("eager", 8): 13.0}, "eager": {8: 14.0}, "eager_after": {8: 12.0}}]
+    rounds = [
+        {"arxtune": {("eager", 8): 10.0}, "eager": {8: 9.0}, "eager_after": {8: 11.0}},  # a fast process on both sides
+        {"arxtune": {("eager", 8): 14.0}, "eager": {8: 12.0}, "eager_after": {8: 12.0}},
+        {"arxtune": {("eager", 8): 13.0}, "eager": {8: 14.0}, "eager_after": {8: 12.0}},
+    ]
     p = fidelity.paired(rounds, "eager", 8)
     assert p.ratio == 1.0  # the median of 1.0, 1.167, 1.0: not 13 / 12
     assert (p.ours, p.theirs) == (13.0, 12.0)

@@ -72,8 +72,7 @@ def test_the_loop_records_its_events_on_the_stream_right_around_its_launches(loo
     cb, rec = PLAIN(entry), RECORD(record)
     send, recv = _pairs(2)
     assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 3, ctypes.cast(rec, vp), 0xE1, 0xE2, None, None) == 0
-    assert seen == [("record", 0xE1, 0x55), ("launch", 0x1000), ("launch", 0x2000), ("launch", 0x1000),
-                    ("record", 0xE2, 0x55)]
+    assert seen == [("record", 0xE1, 0x55), ("launch", 0x1000), ("launch", 0x2000), ("launch", 0x1000), ("record", 0xE2, 0x55)]
 
 
 def test_a_failed_record_comes_back_as_minus_its_cuda_error_and_nothing_is_launched_after_it(loop):
@@ -107,8 +106,14 @@ def test_the_decode_views_busy_kernel_is_launched_from_c_before_each_call_on_the
     cb = PLAIN(entry)
     send, recv = _pairs(2)
     assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 3, None, None, None, before, busy.address) == 0
-    assert seen == [("launch", 0xB05, 0x55, (50_000,)), ("nccl", 0x1000, 0x55), ("launch", 0xB05, 0x55, (50_000,)),
-                    ("nccl", 0x2000, 0x55), ("launch", 0xB05, 0x55, (50_000,)), ("nccl", 0x1000, 0x55)]
+    assert seen == [
+        ("launch", 0xB05, 0x55, (50_000,)),
+        ("nccl", 0x1000, 0x55),
+        ("launch", 0xB05, 0x55, (50_000,)),
+        ("nccl", 0x2000, 0x55),
+        ("launch", 0xB05, 0x55, (50_000,)),
+        ("nccl", 0x1000, 0x55),
+    ]
     driver.fail_with = 719  # CUDA_ERROR_LAUNCH_FAILED: the loop stops and says so
     assert loop(ctypes.cast(cb, vp), 0, send, recv, 2, 16, 7, 0, 0x77, 0x55, 3, None, None, None, before, busy.address) == -719
 

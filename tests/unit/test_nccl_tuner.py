@@ -23,8 +23,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")),
 c_int, c_size_t, c_void_p, c_float = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_float
 # NCCL's logger is variadic; the plugin always calls it as (level, flags, file, line, "%s", text).
 LOGGER = ctypes.CFUNCTYPE(None, c_int, ctypes.c_ulong, ctypes.c_char_p, c_int, ctypes.c_char_p, ctypes.c_char_p)
-COLL_INFO = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, ctypes.POINTER(c_float), c_int, c_int, c_int,
-                             ctypes.POINTER(c_int))
+COLL_INFO = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, ctypes.POINTER(c_float), c_int, c_int, c_int, ctypes.POINTER(c_int))
 COLL_INFO_V3 = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, ctypes.POINTER(c_float), c_int, c_int, ctypes.POINTER(c_int))
 INIT_V4 = ctypes.CFUNCTYPE(c_int, c_size_t, c_size_t, LOGGER, ctypes.POINTER(c_void_p))
 INIT_V5 = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(c_void_p), ctypes.c_uint64, c_size_t, c_size_t, LOGGER, c_void_p, c_void_p)
@@ -92,12 +91,12 @@ class FakeNccl:
         if self.version == 3:  # no regBuff: NCCL 2.22
             rc = self.plugin.getCollInfo(self.context, COLL[collective], nbytes, pipe_ops, table, algos, protos, ctypes.byref(channels))
         else:
-            rc = self.plugin.getCollInfo(self.context, COLL[collective], nbytes, pipe_ops, table, algos, protos, reg_buff,
-                                         ctypes.byref(channels))
+            rc = self.plugin.getCollInfo(
+                self.context, COLL[collective], nbytes, pipe_ops, table, algos, protos, reg_buff, ctypes.byref(channels)
+            )
         assert rc == 0
         after = [[table[a * protos + p] for p in range(protos)] for a in range(algos)]
-        zeroed = {(ALGORITHMS[a].lower(), PROTOCOLS[p].lower()) for a in range(algos) for p in range(protos)
-                  if after[a][p] != costs[a][p]}
+        zeroed = {(ALGORITHMS[a].lower(), PROTOCOLS[p].lower()) for a in range(algos) for p in range(protos) if after[a][p] != costs[a][p]}
         usable = [(after[a][p], a, p) for a in range(algos) for p in range(protos) if after[a][p] >= 0]
         _, a, p = min(usable)
         return zeroed, (ALGORITHMS[a].lower(), PROTOCOLS[p].lower()), channels.value
@@ -168,13 +167,16 @@ def test_overlapping_ranges_first_match_wins(tuner):
 
 
 def test_wildcards_and_exact_matches_of_nodes_ranks_pipe_ops_and_registration(tuner):
-    t = tuner("allreduce,0,-1,tree,simple,-1,2,-1\n"       # two nodes only: not this group
-              "allreduce,0,-1,tree,ll128,-1,-1,8\n"        # eight ranks only: not this group
-              "allreduce,0,-1,ring,ll128,3,-1,-1,4\n"      # four ops in the group only
-              "allreduce,0,-1,tree,ll,5,-1,-1,-1,1\n"      # registered buffers only
-              "allreduce,0,-1,-1,simple,-1,1,2,-1,-1\n"    # this group; the algorithm is NCCL's to pick
-              "reducescatter,0,-1,-1,-1,6,-1,-1\n",        # channels alone
-              ranks=2, nodes=1)
+    t = tuner(
+        "allreduce,0,-1,tree,simple,-1,2,-1\n"  # two nodes only: not this group
+        "allreduce,0,-1,tree,ll128,-1,-1,8\n"  # eight ranks only: not this group
+        "allreduce,0,-1,ring,ll128,3,-1,-1,4\n"  # four ops in the group only
+        "allreduce,0,-1,tree,ll,5,-1,-1,-1,1\n"  # registered buffers only
+        "allreduce,0,-1,-1,simple,-1,1,2,-1,-1\n"  # this group; the algorithm is NCCL's to pick
+        "reducescatter,0,-1,-1,-1,6,-1,-1\n",  # channels alone
+        ranks=2,
+        nodes=1,
+    )
     assert t.ask("allreduce", 64, pipe_ops=4) == ({("ring", "ll128")}, ("ring", "ll128"), 3)
     assert t.ask("allreduce", 64, reg_buff=1) == ({("tree", "ll")}, ("tree", "ll"), 5)
     # protocol fixed, algorithm left to NCCL: the cheapest usable algorithm with Simple (Tree here, but...)
@@ -202,19 +204,22 @@ def test_a_choice_nccl_cannot_make_here_keeps_nccls_and_is_said_once(tuner):
     assert t.ask("allgather", 4096, six) == (set(), NCCL_DEFAULT, 0)
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("allreduce,0,-1,ring,ll256,-1,-1,-1\n", "unknown protocol"),
-    ("allreduce,0,-1,spiral,ll,-1,-1,-1\n", "unknown algorithm"),
-    ("alltoall,0,-1,ring,ll,-1,-1,-1\n", "unknown collective"),
-    ("allreduce,0,-1,ring,ll\n", "fewer than 8 fields"),
-    ("allreduce,zero,-1,ring,ll,-1,-1,-1\n", "min_bytes"),
-    ("allreduce,100,10,ring,ll,-1,-1,-1\n", "below min_bytes"),
-    ("allreduce,0,-1,ring,ll,65,-1,-1\n", "channels"),
-    ("allreduce,0,-1,ring,ll,-1,-1,-1,-1,2\n", "regBuff"),
-    ("allreduce,0,-1,ring,ll,-1,-1,-1,-1,-1,7\n", "more than 10 fields"),
-    ("allreduce,0,-1,ring,ll,-1,-1,-1\n" + "x" * 600 + "\n", "longer than"),
-    ("allreduce,0,-1,ring,ll,-1,-1,-1\n\0\n", "NUL"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("allreduce,0,-1,ring,ll256,-1,-1,-1\n", "unknown protocol"),
+        ("allreduce,0,-1,spiral,ll,-1,-1,-1\n", "unknown algorithm"),
+        ("alltoall,0,-1,ring,ll,-1,-1,-1\n", "unknown collective"),
+        ("allreduce,0,-1,ring,ll\n", "fewer than 8 fields"),
+        ("allreduce,zero,-1,ring,ll,-1,-1,-1\n", "min_bytes"),
+        ("allreduce,100,10,ring,ll,-1,-1,-1\n", "below min_bytes"),
+        ("allreduce,0,-1,ring,ll,65,-1,-1\n", "channels"),
+        ("allreduce,0,-1,ring,ll,-1,-1,-1,-1,2\n", "regBuff"),
+        ("allreduce,0,-1,ring,ll,-1,-1,-1,-1,-1,7\n", "more than 10 fields"),
+        ("allreduce,0,-1,ring,ll,-1,-1,-1\n" + "x" * 600 + "\n", "longer than"),
+        ("allreduce,0,-1,ring,ll,-1,-1,-1\n\0\n", "NUL"),
+    ],
+)
 def test_a_file_with_any_bad_line_is_dropped_whole_with_one_warning(tuner, text, problem):
     good = "allgather,0,-1,tree,simple,2,-1,-1\n"  # a good rule before the bad one is dropped too
     t = tuner(good + text)
@@ -281,8 +286,7 @@ def _latency(backend, nbytes):
 
 @pytest.fixture
 def variant_run(tmp_path):
-    return make_run(tmp_path / "runs", _latency, SIZES, backends=VARIANTS, dtypes=("bfloat16", "float32"),
-                    ops=("all_reduce", "all_gather"))
+    return make_run(tmp_path / "runs", _latency, SIZES, backends=VARIANTS, dtypes=("bfloat16", "float32"), ops=("all_reduce", "all_gather"))
 
 
 def _expected(backend: str):
@@ -292,8 +296,12 @@ def _expected(backend: str):
         return set(), NCCL_DEFAULT, 0
     v = NcclVariant.parse(settings)
     costs = nccl_costs()
-    usable = [(costs[a][p], a, p) for a in range(7) for p in range(3) if costs[a][p] >= 0
-              and (v.algo is None or ALGORITHMS[a] == v.algo) and (v.proto is None or PROTOCOLS[p] == v.proto)]
+    usable = [
+        (costs[a][p], a, p)
+        for a in range(7)
+        for p in range(3)
+        if costs[a][p] >= 0 and (v.algo is None or ALGORITHMS[a] == v.algo) and (v.proto is None or PROTOCOLS[p] == v.proto)
+    ]
     _, a, p = min(usable)
     pick = (ALGORITHMS[a].lower(), PROTOCOLS[p].lower())
     return {pick}, pick, v.channels or 0
@@ -320,7 +328,9 @@ def test_the_export_round_trips_every_choice_of_the_calibration(variant_run, tun
     variant_runs = 0
     for table in thresholds.tables:  # neighbouring ranges of one variant (measured, then model) make one rule
         names = [r.backend for r in table.ranges]
-        variant_runs += sum(1 for i, n in enumerate(names) if n != "nccl" and (i == 0 or names[i - 1] != n)) if table.dtype == "bfloat16" else 0
+        variant_runs += (
+            sum(1 for i, n in enumerate(names) if n != "nccl" and (i == 0 or names[i - 1] != n)) if table.dtype == "bfloat16" else 0
+        )
     assert export.rules == variant_runs
 
 
@@ -343,8 +353,9 @@ def test_calibrate_export_nccl_tuner_writes_the_file_beside_the_thresholds(varia
     assert f"nccl tuner: {target}" in result.output and "NCCL_TUNER_PLUGIN=" in result.output
     t = tuner(target.read_text(), nodes=2)
     assert t.ask("allreduce", 1024) == ({("tree", "ll")}, ("tree", "ll"), 4)  # LL, the algorithm left to NCCL
-    again = CliRunner().invoke(app, ["nccl-tuner", "export", str(variant_run.path / "thresholds.json"), "--out",
-                                     str(variant_run.path / "again.csv")])
+    again = CliRunner().invoke(
+        app, ["nccl-tuner", "export", str(variant_run.path / "thresholds.json"), "--out", str(variant_run.path / "again.csv")]
+    )
     assert again.exit_code == 0, again.output
     assert (variant_run.path / "again.csv").read_text() == target.read_text()
 

@@ -31,8 +31,10 @@ def test_a_run_keeps_it_and_show_prints_it_in_one_line(tmp_path):
     assert run.meta.version == FORMAT_VERSION == 4 and run.meta.nccl_used is None
     run = _with(run, [_record(SPARK_IB, 0), _record(SPARK_IB, 1)])
     line = nccl_line(run.meta.nccl_used)
-    assert line == ("nccl used: NCCL 2.29.3+cuda13.0, via NET/IB, HCAs roceP2p1s0f1:1,rocep1s0f1:1, GID 3, channels 2, "
-                    "algo/proto AllReduce 16384:RING/LL,4194304:RING/SIMPLE (every rank)")
+    assert line == (
+        "nccl used: NCCL 2.29.3+cuda13.0, via NET/IB, HCAs roceP2p1s0f1:1,rocep1s0f1:1, GID 3, channels 2, "
+        "algo/proto AllReduce 16384:RING/LL,4194304:RING/SIMPLE (every rank)"
+    )
     assert "\n" not in line
     assert nccl_line(None).startswith("nccl used: not recorded")
     mixed = nccl_line([_record(SPARK_IB, 0), {"rank": 1, "error": "NCCL_DEBUG=WARN is set, so NCCL logs no set-up"}])
@@ -69,8 +71,11 @@ def test_a_malformed_record_is_one_error(tmp_path, bad):
 
 def test_the_sweep_asks_nccl_for_set_up_only_and_respects_the_users_own_settings(tmp_path):
     plan = nccl_facts.LogCapture.plan({}, str(tmp_path))
-    assert plan.settings == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET,GRAPH",
-                             "NCCL_DEBUG_FILE": f"{tmp_path}/arxtune-nccl.%h.%p.log"}
+    assert plan.settings == {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET,GRAPH",
+        "NCCL_DEBUG_FILE": f"{tmp_path}/arxtune-nccl.%h.%p.log",
+    }
     assert not {"COLL", "TUNING"} & set(plan.settings["NCCL_DEBUG_SUBSYS"].split(","))  # no line per call
     (tmp_path / "arxtune-nccl.spark0.4242.log").write_text(SPARK_IB)
     rec = plan.record("spark0.lan", 4242, 0)

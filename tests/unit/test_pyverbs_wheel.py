@@ -28,7 +28,7 @@ def test_the_wheel_records_every_file_with_its_hash(tmp_path):
     with zipfile.ZipFile(target) as whl:
         info = f"pyverbs-{pyverbs_wheel.full_version()}.dist-info"
         record = whl.read(f"{info}/RECORD").decode().splitlines()
-        assert f"Tag: {target.name[len('pyverbs-59.0+bundled.1-'):-4]}" in whl.read(f"{info}/WHEEL").decode()
+        assert f"Tag: {target.name[len('pyverbs-59.0+bundled.1-') : -4]}" in whl.read(f"{info}/WHEEL").decode()
         assert "Version: 59.0+bundled.1" in whl.read(f"{info}/METADATA").decode()
         for line in record:
             name, digest, size = line.split(",")

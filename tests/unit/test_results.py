@@ -99,20 +99,23 @@ def test_unknown_version_is_one_clear_error(tmp_path):
         load_run(run.path)
 
 
-@pytest.mark.parametrize("damage, needle", [
-    ("header", "unexpected columns"),
-    (",ok,->,maybe,", "points.csv:3: unknown op, dtype, view or status"),
-    (",float32,->,float99,", "points.csv:3: unknown op"),
-    (",2048,2048,->,-2048,-2048,", "points.csv:3: sizes must be positive"),
-    (",2,ok,->,3,ok,", "points.csv:3: world size 3"),
-    ("gloo,->ghost,", "points.csv:3: backend 'ghost'"),
-    ("fields", f"points.csv:3: {len(POINT_COLUMNS) - 1} fields"),
-    ("samples nan", "points.csv:3: samples must be positive"),
-    ("samples inf", "points.csv:3: samples must be positive"),
-    ("samples 0", "points.csv:3: samples must be positive"),
-    ("ok without samples", "points.csv:3: sample count"),
-    ("duplicate", "points.csv:4: point .* appears twice"),
-])
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        ("header", "unexpected columns"),
+        (",ok,->,maybe,", "points.csv:3: unknown op, dtype, view or status"),
+        (",float32,->,float99,", "points.csv:3: unknown op"),
+        (",2048,2048,->,-2048,-2048,", "points.csv:3: sizes must be positive"),
+        (",2,ok,->,3,ok,", "points.csv:3: world size 3"),
+        ("gloo,->ghost,", "points.csv:3: backend 'ghost'"),
+        ("fields", f"points.csv:3: {len(POINT_COLUMNS) - 1} fields"),
+        ("samples nan", "points.csv:3: samples must be positive"),
+        ("samples inf", "points.csv:3: samples must be positive"),
+        ("samples 0", "points.csv:3: samples must be positive"),
+        ("ok without samples", "points.csv:3: sample count"),
+        ("duplicate", "points.csv:4: point .* appears twice"),
+    ],
+)
 def test_corrupt_points_are_rejected_naming_the_line(tmp_path, damage, needle):
     """Line 3 is a real middle line (header, 1024, 2048, 4096): damage there must never be dropped silently."""
     run = make_run(tmp_path, lambda b, n: 10.0, [1024, 2048, 4096], backends=("gloo",))
@@ -140,12 +143,15 @@ def test_corrupt_points_are_rejected_naming_the_line(tmp_path, damage, needle):
         load_run(run.path)
 
 
-@pytest.mark.parametrize("meta_text, needle", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "meta.json must be an object"),
-    ("world_size two", "world_size must be a whole number, not 'two'"),
-    ("hostnames 5", "hostnames must be a list, not 5"),
-])
+@pytest.mark.parametrize(
+    "meta_text, needle",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "meta.json must be an object"),
+        ("world_size two", "world_size must be a whole number, not 'two'"),
+        ("hostnames 5", "hostnames must be a list, not 5"),
+    ],
+)
 def test_corrupt_meta_is_rejected(tmp_path, meta_text, needle):
     run = make_run(tmp_path, lambda b, n: 10.0, [1024], backends=("gloo",))
     meta = json.loads((run.path / "meta.json").read_text())

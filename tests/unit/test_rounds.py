@@ -78,13 +78,16 @@ class _Timer:
         self.ops_per_sample = ops_per_sample
 
 
-@pytest.mark.parametrize("ops_per_sample,nbytes,span,want", [
-    (20, 8192, 64 << 20, 20),  # nccl-tests' -n 20: an offset per call
-    (200, 8192, 64 << 20, 200),
-    (200, 8 << 20, 64 << 20, 8),  # as many as fit in the sweep's largest size
-    (20, 64 << 20, 64 << 20, 1),
-    (1, 8192, 64 << 20, 1),  # one call per sample (isolated): one buffer, so the check sees timed results
-])
+@pytest.mark.parametrize(
+    "ops_per_sample,nbytes,span,want",
+    [
+        (20, 8192, 64 << 20, 20),  # nccl-tests' -n 20: an offset per call
+        (200, 8192, 64 << 20, 200),
+        (200, 8 << 20, 64 << 20, 8),  # as many as fit in the sweep's largest size
+        (20, 64 << 20, 64 << 20, 1),
+        (1, 8192, 64 << 20, 1),  # one call per sample (isolated): one buffer, so the check sees timed results
+    ],
+)
 def test_buffer_count_rotates_like_nccl_tests_within_the_largest_size(ops_per_sample, nbytes, span, want):
     from arxtune.harness.sweep import buffer_count
 
@@ -150,8 +153,9 @@ class SleepingBackend(LoggingBackend):
 
 @pytest.mark.parametrize("challenger_s,extra", [(0.00096, True), (0.0002, False)])
 def test_rounds_are_added_only_where_the_baseline_and_a_challenger_are_close(solo_group, challenger_s, extra):
-    config = SweepConfig(backends=("gloo",), baseline="x", rounds=4, max_extra_rounds=4, warmup_iters=1, min_iters=8,
-                         max_iters=8, point_budget_s=1e-6)
+    config = SweepConfig(
+        backends=("gloo",), baseline="x", rounds=4, max_extra_rounds=4, warmup_iters=1, min_iters=8, max_iters=8, point_budget_s=1e-6
+    )
     log: list[str] = []
     ready = {"x": SleepingBackend("x", log, 0.001), "y": SleepingBackend("y", log, challenger_s)}
     records = PointRunner(config, solo_group).measure_group(PointGroup("all_reduce", "float32", "eager", 1024, ("x", "y")), ready)  # type: ignore[arg-type]

@@ -13,8 +13,14 @@ from helpers.routes import FileRoutes
 def _thresholds(ranges=None, world=2):
     ranges = ranges or (Range(0, 4096, "arx"), Range(4096, None, "gloo"))
     run = SourceRun("x", Fingerprint(world, "cpu", ("a", "b"), ("cpu", "cpu")))
-    return Thresholds("gloo", 0.05, {}, (Table("all_reduce", "bfloat16", world, tuple(ranges), "eager", "x", "eager"),),
-                      runs=(run,), backend_setup={"arx": BackendSetup({"max_bytes": 8 << 20}, {"all_reduce": 8 << 20})})
+    return Thresholds(
+        "gloo",
+        0.05,
+        {},
+        (Table("all_reduce", "bfloat16", world, tuple(ranges), "eager", "x", "eager"),),
+        runs=(run,),
+        backend_setup={"arx": BackendSetup({"max_bytes": 8 << 20}, {"all_reduce": 8 << 20})},
+    )
 
 
 def test_round_trip(tmp_path, crossover_run):
@@ -32,19 +38,22 @@ def test_lookup_bounds_and_unknown_keys():
     assert not FileRoutes(_thresholds(), 4)
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda d: d.update(version=7), "version 7"),
-    (lambda d: d.update(kind="other"), "not an arxtune thresholds file"),
-    (lambda d: d["tables"][0]["ranges"].pop(0), "cover 0 bytes"),
-    (lambda d: d["tables"][0]["ranges"][1].update(lo=5000), "gap or overlap"),
-    (lambda d: d["tables"][0].update(op="all_to_all"), r"tables\[0\].op 'all_to_all' is unknown"),
-    (lambda d: d["tables"][0].update(mode="prefill"), r"tables\[0\].mode 'prefill' is unknown"),
-    (lambda d: d.pop("runs"), "file lacks runs"),
-    (lambda d: d["backend_setup"].update(arx={"capacity": {"all_to_all": 5}}), "backend_setup.arx.capacity 'all_to_all' is unknown"),
-    (lambda d: d["tables"].append(dict(d["tables"][0])), "appears twice"),
-    (lambda d: d["tables"][0]["ranges"][0].pop("backend"), r"tables\[0\].ranges\[0\] lacks backend"),
-    (lambda d: d.pop("provenance"), "file lacks provenance"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d: d.update(version=7), "version 7"),
+        (lambda d: d.update(kind="other"), "not an arxtune thresholds file"),
+        (lambda d: d["tables"][0]["ranges"].pop(0), "cover 0 bytes"),
+        (lambda d: d["tables"][0]["ranges"][1].update(lo=5000), "gap or overlap"),
+        (lambda d: d["tables"][0].update(op="all_to_all"), r"tables\[0\].op 'all_to_all' is unknown"),
+        (lambda d: d["tables"][0].update(mode="prefill"), r"tables\[0\].mode 'prefill' is unknown"),
+        (lambda d: d.pop("runs"), "file lacks runs"),
+        (lambda d: d["backend_setup"].update(arx={"capacity": {"all_to_all": 5}}), "backend_setup.arx.capacity 'all_to_all' is unknown"),
+        (lambda d: d["tables"].append(dict(d["tables"][0])), "appears twice"),
+        (lambda d: d["tables"][0]["ranges"][0].pop("backend"), r"tables\[0\].ranges\[0\] lacks backend"),
+        (lambda d: d.pop("provenance"), "file lacks provenance"),
+    ],
+)
 def test_validation(mutate, needle):
     data = json.loads(json.dumps(_thresholds().to_dict()))
     mutate(data)
@@ -67,13 +76,32 @@ def test_csv_export_is_tuner_style():
     assert lines[1:] == ["all_reduce,0,4095,arx,bfloat16,eager,2,2", "all_reduce,4096,-1,gloo,bfloat16,eager,2,2"]
 
 
-V1 = {"kind": "arxtune-thresholds", "version": 1, "baseline": "nccl", "margin": 0.05,
-      "provenance": {"run_id": "old", "hostnames": ["a", "b"], "device_names": ["GB10", "GB10"], "world_size": 2,
-                     "device_type": "cuda", "mode": "graph"},
-      "tables": [{"op": "all_reduce", "dtype": "bfloat16", "world_size": 2,
-                  "ranges": [{"lo": 0, "hi": 4096, "backend": "arx", "source": "measured"},
-                             {"lo": 4096, "hi": None, "backend": "nccl", "source": "model"}]}],
-      "models": [{"backend": "arx", "op": "all_reduce", "dtype": "bfloat16", "world_size": 2, "alpha_us": 3.0, "bandwidth_gbps": 10.0}]}
+V1 = {
+    "kind": "arxtune-thresholds",
+    "version": 1,
+    "baseline": "nccl",
+    "margin": 0.05,
+    "provenance": {
+        "run_id": "old",
+        "hostnames": ["a", "b"],
+        "device_names": ["GB10", "GB10"],
+        "world_size": 2,
+        "device_type": "cuda",
+        "mode": "graph",
+    },
+    "tables": [
+        {
+            "op": "all_reduce",
+            "dtype": "bfloat16",
+            "world_size": 2,
+            "ranges": [
+                {"lo": 0, "hi": 4096, "backend": "arx", "source": "measured"},
+                {"lo": 4096, "hi": None, "backend": "nccl", "source": "model"},
+            ],
+        }
+    ],
+    "models": [{"backend": "arx", "op": "all_reduce", "dtype": "bfloat16", "world_size": 2, "alpha_us": 3.0, "bandwidth_gbps": 10.0}],
+}
 
 
 def test_version_1_is_read_as_its_one_run_and_mode(tmp_path):
@@ -101,8 +129,12 @@ def test_version_2_is_read_with_bitwise_not_known(tmp_path):
 
 
 def test_bitwise_is_saved_and_read_back_and_checked(tmp_path):
-    table = Table("all_reduce", "float32", 2, (Range(0, 1024, "arx", "measured", True), Range(1024, 4096, "x", "measured", False),
-                                               Range(4096, None, "gloo", "model", True)))
+    table = Table(
+        "all_reduce",
+        "float32",
+        2,
+        (Range(0, 1024, "arx", "measured", True), Range(1024, 4096, "x", "measured", False), Range(4096, None, "gloo", "model", True)),
+    )
     t = Thresholds("gloo", 0.05, {}, (table,))
     assert load(t.save(tmp_path / "t.json")) == t
     assert t.not_bitwise(2, lambda name: False) == ["eager all_reduce/float32 [1KiB, 4KiB) -> x"]

@@ -72,9 +72,17 @@ def test_bridged_leaves_runs_it_does_not_sit_between():
 
 def _paired(nbytes, base_rounds, fast_rounds):
     """Two points at one size with their round medians (pooled median: the median of the rounds)."""
+
     def row(name, rounds):
-        return {"nbytes": nbytes, "backend": name, "median_us": float(np.median(rounds)), "ci_low_us": min(rounds),
-                "ci_high_us": max(rounds), "round_medians_us": tuple(rounds)}
+        return {
+            "nbytes": nbytes,
+            "backend": name,
+            "median_us": float(np.median(rounds)),
+            "ci_low_us": min(rounds),
+            "ci_high_us": max(rounds),
+            "round_medians_us": tuple(rounds),
+        }
+
     return [row("gloo", base_rounds), row("fast", fast_rounds)]
 
 

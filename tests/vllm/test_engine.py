@@ -37,8 +37,10 @@ KiB = 1024
 VLLM = "vllm_cpu"
 B = "reversed" if TEST_BACKEND == "gloo" else TEST_BACKEND
 #: Where the engines find the `reversed` site backend.
-SITE = dict(ARXTUNE_EXTRA_BACKENDS="reversed=helpers.backends:ReversedSum",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
+SITE = dict(
+    ARXTUNE_EXTRA_BACKENDS="reversed=helpers.backends:ReversedSum",
+    PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])),
+)
 #: Small and quick: 4 prompts of 16 tokens, 8 generated each. Decode all-reduces are 4 x 256 x 2 B = 2 KiB,
 #: prefill all-reduces 64 x 256 x 2 B = 32 KiB; the logits all-gather is 4 x 1024 x 2 B = 8 KiB.
 SHAPE = dict(prompts=4, prompt_tokens=16, decode_tokens=8, rounds=2)
@@ -69,13 +71,36 @@ def compared(tmp_path_factory):
     """`arxtune e2e` with the routed thresholds: its e2e.json."""
     tmp = tmp_path_factory.mktemp("e2e")
     path = routed_thresholds().save(tmp / "routed.json")
-    args = ["--thresholds", str(path), "--repeats", "1", "--rounds", str(SHAPE["rounds"]), "--prompts", str(SHAPE["prompts"]),
-            "--prompt-tokens", str(SHAPE["prompt_tokens"]), "--decode-tokens", str(SHAPE["decode_tokens"]),
-            "--out", str(tmp), "--run-id", "run", "--timeout-s", str(ENGINE_TIMEOUT_S)]
+    args = [
+        "--thresholds",
+        str(path),
+        "--repeats",
+        "1",
+        "--rounds",
+        str(SHAPE["rounds"]),
+        "--prompts",
+        str(SHAPE["prompts"]),
+        "--prompt-tokens",
+        str(SHAPE["prompt_tokens"]),
+        "--decode-tokens",
+        str(SHAPE["decode_tokens"]),
+        "--out",
+        str(tmp),
+        "--run-id",
+        "run",
+        "--timeout-s",
+        str(ENGINE_TIMEOUT_S),
+    ]
     # the start-up ladder's default policy, said; one log line per call
     env = vllm_env(ARXTUNE_BOOT="check", ARXTUNE_BOOT_OUT=str(tmp / "boot"), ARXTUNE_VLLM_LOG="calls", **SITE)
-    proc = subprocess.run([sys.executable, "-m", "arxtune", "e2e", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=2 * ENGINE_TIMEOUT_S + 60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "arxtune", "e2e", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=2 * ENGINE_TIMEOUT_S + 60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     result = json.loads((tmp / "run" / "e2e.json").read_text())
     result["stdout"] = proc.stdout

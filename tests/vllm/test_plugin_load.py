@@ -47,7 +47,7 @@ def probes():
         out, _ = proc.communicate(timeout=300)
         lines = [line for line in out.splitlines() if line.startswith("PROBE ")]
         assert proc.returncode == 0 and lines, f"{label}: exit {proc.returncode}\n{out[-4000:]}"
-        results[label] = json.loads(lines[-1][len("PROBE "):])
+        results[label] = json.loads(lines[-1][len("PROBE ") :])
         results[label]["output"] = out
     return results
 

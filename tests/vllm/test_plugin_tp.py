@@ -61,12 +61,14 @@ def routing_thresholds(backend: str, world: int = 2) -> Thresholds:
         Table("reduce_scatter", "float32", world, (Range(0, 4 * KiB, backend), Range(4 * KiB, None, VLLM))),
     )
     everything = tuple(Table(t.op, t.dtype, t.world_size, (Range(0, None, backend),), "graph", f"w{world}", "graph") for t in eager)
-    elsewhere = tuple(Table(t.op, t.dtype, other, (Range(0, None, backend),), mode, f"w{other}", mode)
-                      for t in eager for mode in ("eager", "graph"))
+    elsewhere = tuple(
+        Table(t.op, t.dtype, other, (Range(0, None, backend),), mode, f"w{other}", mode) for t in eager for mode in ("eager", "graph")
+    )
     eager = tuple(Table(t.op, t.dtype, t.world_size, t.ranges, "eager", f"w{world}", "eager") for t in eager)  # type: ignore[assignment]
     runs = tuple(SourceRun(f"w{w}", Fingerprint(w, "cpu", (socket.gethostname(),) * w, ("cpu",) * w)) for w in (world, other))
-    return Thresholds(baseline=VLLM, margin=0.05, provenance={"runs": [r.run_id for r in runs]}, tables=eager + everything + elsewhere,
-                      runs=runs)
+    return Thresholds(
+        baseline=VLLM, margin=0.05, provenance={"runs": [r.run_id for r in runs]}, tables=eager + everything + elsewhere, runs=runs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +79,24 @@ def tp_run(tmp_path_factory):
     # The default location, as `arxtune calibrate RUN --install` writes it (HOME is redirected below).
     good.save(home / ".config" / "arxtune" / "thresholds.json")
     # The same ranges, each known to give the baseline's bits: what `arxtune calibrate --invariant` writes.
-    invariant = Thresholds(good.baseline, good.margin, good.provenance, runs=good.runs, tables=tuple(
-        Table(t.op, t.dtype, t.world_size, tuple(Range(r.lo, r.hi, r.backend, r.source, True) for r in t.ranges), t.mode, t.run_id, t.view)
-        for t in good.tables))
-    files = {"good": good.save(tmp / "good.json"), "invariant": invariant.save(tmp / "invariant.json"),
-             "world4": routing_thresholds(B, world=4).save(tmp / "world4.json"),
-             "cannot_start": routing_thresholds("symm_mem").save(tmp / "cannot-start.json")}  # needs CUDA tensors
+    invariant = Thresholds(
+        good.baseline,
+        good.margin,
+        good.provenance,
+        runs=good.runs,
+        tables=tuple(
+            Table(
+                t.op, t.dtype, t.world_size, tuple(Range(r.lo, r.hi, r.backend, r.source, True) for r in t.ranges), t.mode, t.run_id, t.view
+            )
+            for t in good.tables
+        ),
+    )
+    files = {
+        "good": good.save(tmp / "good.json"),
+        "invariant": invariant.save(tmp / "invariant.json"),
+        "world4": routing_thresholds(B, world=4).save(tmp / "world4.json"),
+        "cannot_start": routing_thresholds("symm_mem").save(tmp / "cannot-start.json"),
+    }  # needs CUDA tensors
     # A backend no arxtune knows: the file is refused as it is read (so it is written here, not saved).
     (tmp / "nosuch.json").write_text(json.dumps(routing_thresholds("gloo").to_dict()).replace('"gloo"', '"nosuch"'))
     files["nosuch_backend"] = tmp / "nosuch.json"
@@ -92,18 +106,20 @@ def tp_run(tmp_path_factory):
     (tmp / "version99.json").write_text(json.dumps(future))
     files["version99"] = tmp / "version99.json"
     missing = str(tmp / "missing.json")
-    spec = {"fallbacks": {
-        "nofile": missing,
-        "notjson": str(files["not_json"]),
-        "version99": str(files["version99"]),
-        "world4": str(files["world4"]),  # tables for worlds 4 and 5 only
-        "nosuch": str(files["nosuch_backend"]),
-        "cannotstart": str(files["cannot_start"]),
-        "onlyrank0": [str(files["good"]), missing],
-        "batchinvariant": {"path": str(files["good"]), "env": {"VLLM_BATCH_INVARIANT": "1"}},
-        "batchinvariant_invariant_file": {"path": str(files["invariant"]), "env": {"VLLM_BATCH_INVARIANT": "1"}},
-        "good": str(files["good"]),
-    }}
+    spec = {
+        "fallbacks": {
+            "nofile": missing,
+            "notjson": str(files["not_json"]),
+            "version99": str(files["version99"]),
+            "world4": str(files["world4"]),  # tables for worlds 4 and 5 only
+            "nosuch": str(files["nosuch_backend"]),
+            "cannotstart": str(files["cannot_start"]),
+            "onlyrank0": [str(files["good"]), missing],
+            "batchinvariant": {"path": str(files["good"]), "env": {"VLLM_BATCH_INVARIANT": "1"}},
+            "batchinvariant_invariant_file": {"path": str(files["invariant"]), "env": {"VLLM_BATCH_INVARIANT": "1"}},
+            "good": str(files["good"]),
+        }
+    }
     # The routing under test, not the start-up ladder: its verdict on these hand-made files depends on
     # the machine (the guest's emulated RDMA) and would add a warning of its own.
     env = vllm_env(HOME=str(home), ARXTUNE_VLLM_LOG="calls", ARXTUNE_BOOT="off")
@@ -204,8 +220,10 @@ def test_ranks_that_disagree_fall_back_together(tp_run):
 
 def test_batch_invariant_vllm_refuses_a_file_not_known_to_give_the_baselines_bits(tp_run):
     warning = fallback(tp_run, "batchinvariant")
-    assert ("vLLM runs batch-invariant and the thresholds route 8 range(s) to backends not known to give vllm_cpu's bits "
-            f"(eager all_reduce/float32 [1KiB, 16KiB) -> {B}, ...); write the file with `arxtune calibrate RUN --invariant`") in warning
+    assert (
+        "vLLM runs batch-invariant and the thresholds route 8 range(s) to backends not known to give vllm_cpu's bits "
+        f"(eager all_reduce/float32 [1KiB, 16KiB) -> {B}, ...); write the file with `arxtune calibrate RUN --invariant`"
+    ) in warning
 
 
 def test_batch_invariant_vllm_routes_by_an_invariant_file(tp_run):

@@ -69,8 +69,7 @@ def went(before, after) -> str:
 
 
 def run_case(comm, api: str, dtype, shape, dim, rank: int, world: int) -> dict:
-    from vllm.distributed import (tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce,
-                                  tensor_model_parallel_reduce_scatter)
+    from vllm.distributed import tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce, tensor_model_parallel_reduce_scatter
 
     x = rank_input(shape, dtype, rank)
     want = expected(api, shape, dtype, dim, rank, world)
@@ -127,8 +126,9 @@ def main() -> int:
 
         # A default config, as vLLM's own tests of these paths use (no model: nothing to download).
         with set_current_vllm_config(VllmConfig()):
-            init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
-                                         distributed_init_method=f"tcp://127.0.0.1:{port}")
+            init_distributed_environment(
+                world_size=world, rank=rank, local_rank=rank, backend="gloo", distributed_init_method=f"tcp://127.0.0.1:{port}"
+            )
             initialize_model_parallel(tensor_model_parallel_size=world)
         stage("init")
         tp = get_tp_group()
@@ -136,8 +136,9 @@ def main() -> int:
         result["communicator"] = type(comm).__name__
         result["is_cpu_communicator"] = isinstance(comm, CpuCommunicator)
         result["startup_log"] = list(collect.lines)
-        result["cases"] = {name: run_case(comm, *case, rank=rank, world=world)
-                           for name, case in CASES.items() if name in spec.get("cases", CASES)}
+        result["cases"] = {
+            name: run_case(comm, *case, rank=rank, world=world) for name, case in CASES.items() if name in spec.get("cases", CASES)
+        }
         stage("cases")
         result["fallbacks"] = {}
         for label, paths in spec.get("fallbacks", {}).items():
@@ -151,8 +152,7 @@ def main() -> int:
             saved = {key: os.environ.get(key) for key in entry.get("env", {})}
             os.environ.update(entry.get("env", {}))
             try:
-                other = type(comm)(cpu_group=tp.cpu_group, device=tp.device, device_group=tp.device_group,
-                                   unique_name=f"tp:{label}")
+                other = type(comm)(cpu_group=tp.cpu_group, device=tp.device, device_group=tp.device_group, unique_name=f"tp:{label}")
             finally:
                 for key, value in saved.items():
                     if value is None:
@@ -163,8 +163,12 @@ def main() -> int:
             before = other.arxtune_calls.copy()
             got = other.all_reduce(x.clone())
             ok = torch.equal(got, expected("all_reduce", (16, 32), torch.float32, None, rank, world))
-            result["fallbacks"][label] = {"went": went(before, other.arxtune_calls), "ok": bool(ok),
-                                          "routes": other.arxtune_routes is not None, "log": list(collect.lines)}
+            result["fallbacks"][label] = {
+                "went": went(before, other.arxtune_calls),
+                "ok": bool(ok),
+                "routes": other.arxtune_routes is not None,
+                "log": list(collect.lines),
+            }
             other.destroy()
         stage("fallbacks")
         from vllm.distributed import destroy_distributed_environment, destroy_model_parallel

@@ -46,9 +46,26 @@ def run_tp(tmp_path: Path, spec: dict, env: dict[str, str], world: int = 2, time
     procs = []
     for rank in range(world):
         log = open(tmp_path / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(HERE / "tp_worker.py"), str(rank), str(world), str(port),
-                                        str(spec_path), str(tmp_path / f"rank{rank}.json")],
-                                       env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(HERE / "tp_worker.py"),
+                        str(rank),
+                        str(world),
+                        str(port),
+                        str(spec_path),
+                        str(tmp_path / f"rank{rank}.json"),
+                    ],
+                    env=env,
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                ),
+                log,
+            )
+        )
     deadline = time.monotonic() + timeout
     try:
         for proc, _ in procs:
@@ -76,5 +93,4 @@ def run_tp(tmp_path: Path, spec: dict, env: dict[str, str], world: int = 2, time
 
 def run_python(code: str, env: dict[str, str]) -> subprocess.Popen:
     """Start `python -c code` (output on a pipe); the caller waits."""
-    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

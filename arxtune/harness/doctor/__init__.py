@@ -13,8 +13,23 @@ from arxtune.harness.doctor.checks import CHECKS, Check, arxg_rows, backend_reas
 from arxtune.harness.doctor.host import Host
 from arxtune.harness.doctor.rows import FAIL, INFO, OK, WARN, Row, failed, format_rows
 
-__all__ = ["CHECKS", "Check", "FAIL", "Host", "INFO", "OK", "Row", "WARN", "arxg_rows", "backend_reasons",
-           "doctor", "endpoints", "failed", "format_rows", "run"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "FAIL",
+    "Host",
+    "INFO",
+    "OK",
+    "Row",
+    "WARN",
+    "arxg_rows",
+    "backend_reasons",
+    "doctor",
+    "endpoints",
+    "failed",
+    "format_rows",
+    "run",
+]
 
 
 def doctor(host: Host | None = None) -> list[Row]:

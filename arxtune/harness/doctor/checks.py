@@ -22,20 +22,34 @@ from arxtune.runtime.rdma.errors import RdmaUnavailable
 from arxtune.runtime.rdma.protocol import Layout
 
 #: What to run where pyverbs is missing or is the registry's plain build.
-PYVERBS_FIX = (f"`arxtune pyverbs install` (the rdma extra: the registry's pyverbs built with its own libibverbs, "
-               f"{full_version()}; needs {SYSTEM_NEEDS})")
+PYVERBS_FIX = (
+    f"`arxtune pyverbs install` (the rdma extra: the registry's pyverbs built with its own libibverbs, "
+    f"{full_version()}; needs {SYSTEM_NEEDS})"
+)
 #: The MTU below which a ConnectX-7 port gives a third or less of its bandwidth.
 GOOD_MTU = 4096
 #: NCCL settings the field has seen hurt: name -> (whether this value hurts, FAIL or WARN, why).
 HURTING: dict[str, tuple[Callable[[str], bool], str, str]] = {
-    "NCCL_IB_USE_INLINE": (lambda v: v.strip() == "1", FAIL,
-                           "with NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS it froze PyNccl's first call on Sparks"),
-    "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS": (lambda v: v.strip() == "1", FAIL,
-                                              "with NCCL_IB_USE_INLINE it froze PyNccl's first call on Sparks"),
-    "NCCL_IB_DISABLE": (lambda v: v.strip() == "1", FAIL,
-                        "NCCL falls back to sockets: the baseline is slow and flatters every other backend"),
-    "NCCL_NET": (lambda v: v.strip().lower() == "socket", FAIL,
-                 "NCCL runs over sockets: the baseline is slow and flatters every other backend"),
+    "NCCL_IB_USE_INLINE": (
+        lambda v: v.strip() == "1",
+        FAIL,
+        "with NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS it froze PyNccl's first call on Sparks",
+    ),
+    "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS": (
+        lambda v: v.strip() == "1",
+        FAIL,
+        "with NCCL_IB_USE_INLINE it froze PyNccl's first call on Sparks",
+    ),
+    "NCCL_IB_DISABLE": (
+        lambda v: v.strip() == "1",
+        FAIL,
+        "NCCL falls back to sockets: the baseline is slow and flatters every other backend",
+    ),
+    "NCCL_NET": (
+        lambda v: v.strip().lower() == "socket",
+        FAIL,
+        "NCCL runs over sockets: the baseline is slow and flatters every other backend",
+    ),
     "NCCL_ALGO": (lambda v: bool(v.strip()), WARN, "forces one algorithm at every size: the nccl baseline is no longer NCCL's own choice"),
     "NCCL_PROTO": (lambda v: bool(v.strip()), WARN, "forces one protocol at every size: the nccl baseline is no longer NCCL's own choice"),
 }
@@ -65,13 +79,15 @@ def endpoints(host: Host) -> list[Endpoint]:
 
 # ---- pyverbs and the RDMA devices -------------------------------------------------------------------------
 
+
 def check_pyverbs(host: Host) -> list[Row]:
     devices = [d.name for d in read_devices(host.sysfs)]
     error, info = host.verbs.status()
     if error:
         plain = "IBVERBS_PRIVATE" in error or "version `" in error
-        why = ("the registry's plain pyverbs, which needs rdma-core's own libibverbs of its version" if plain else
-               "arx, arx2 and arxg need it")
+        why = (
+            "the registry's plain pyverbs, which needs rdma-core's own libibverbs of its version" if plain else "arx, arx2 and arxg need it"
+        )
         return [Row("pyverbs", FAIL if devices else WARN, f"not importable: {error}", f"{why}: {PYVERBS_FIX}")]
     where = f"{info['version']} from {info['file']}, " + ("its own libibverbs" if info["bundled"] else "the system's libibverbs")
     try:
@@ -84,9 +100,16 @@ def check_pyverbs(host: Host) -> list[Row]:
     if missing:
         conf = host.etc / "libibverbs.d"
         where_listed = "" if conf.is_dir() else f" ({conf} is missing)"
-        return [Row("pyverbs", FAIL, f"{where}; {listing}, but sysfs has {', '.join(missing)}",
-                    f"no libibverbs provider loaded for {', '.join(missing)}{where_listed}: install rdma-core's providers "
-                    f"(apt-get install ibverbs-providers), whose /etc/libibverbs.d lists them", {"seen": seen, **info})]
+        return [
+            Row(
+                "pyverbs",
+                FAIL,
+                f"{where}; {listing}, but sysfs has {', '.join(missing)}",
+                f"no libibverbs provider loaded for {', '.join(missing)}{where_listed}: install rdma-core's providers "
+                f"(apt-get install ibverbs-providers), whose /etc/libibverbs.d lists them",
+                {"seen": seen, **info},
+            )
+        ]
     return [Row("pyverbs", OK, f"{where}; {listing}", data={"seen": seen, **info})]
 
 
@@ -101,30 +124,53 @@ def _port_row(host: Host, port: PortInfo) -> Row:
         except Exception:
             active_mtu = None
     ep = usable(port)
-    data = {"device": port.device, "port": port.port, "state": port.state, "link_layer": port.link_layer,
-            "active_mtu": active_mtu, "netdev": netdev, "netdev_mtu": netdev_mtu_value,
-            "gid_index": ep.gid.index if ep else None, "ipv4": ep.gid.ipv4 if ep else None}
+    data = {
+        "device": port.device,
+        "port": port.port,
+        "state": port.state,
+        "link_layer": port.link_layer,
+        "active_mtu": active_mtu,
+        "netdev": netdev,
+        "netdev_mtu": netdev_mtu_value,
+        "gid_index": ep.gid.index if ep else None,
+        "ipv4": ep.gid.ipv4 if ep else None,
+    }
     mtu = f"active MTU {active_mtu or '?'} ({netdev or 'no netdev'} MTU {netdev_mtu_value or '?'})"
     if not port.active:
-        return Row(where, INFO, f"{port.state}, {port.link_layer} ({netdev or 'no netdev'}): not cabled, or its link is down",
-                   data=data)
+        return Row(where, INFO, f"{port.state}, {port.link_layer} ({netdev or 'no netdev'}): not cabled, or its link is down", data=data)
     if port.link_layer != "Ethernet":
         return Row(where, INFO, f"ACTIVE, {port.link_layer}: not RoCE; arx and this doctor use Ethernet (RoCE v2) ports", data=data)
     if ep is None:
-        return Row(where, FAIL, f"ACTIVE, Ethernet, {mtu}, no RoCE v2 GID with an IPv4 address",
-                   f"give {netdev or 'its netdev'} an IPv4 address (ip addr add A.B.C.D/24 dev {netdev or 'NETDEV'})", data)
+        return Row(
+            where,
+            FAIL,
+            f"ACTIVE, Ethernet, {mtu}, no RoCE v2 GID with an IPv4 address",
+            f"give {netdev or 'its netdev'} an IPv4 address (ip addr add A.B.C.D/24 dev {netdev or 'NETDEV'})",
+            data,
+        )
     finding = f"ACTIVE, Ethernet, {mtu}, RoCE v2 IPv4 GID {ep.gid.index} ({ep.gid.ipv4} on {ep.gid.netdev})"
     if active_mtu is not None and active_mtu < GOOD_MTU:
-        return Row(where, WARN, finding, f"MTU {netdev_mtu_value} gives a third or less of the bandwidth: "
-                                         f"ip link set dev {netdev} mtu 9000 on both boxes", data)
+        return Row(
+            where,
+            WARN,
+            finding,
+            f"MTU {netdev_mtu_value} gives a third or less of the bandwidth: ip link set dev {netdev} mtu 9000 on both boxes",
+            data,
+        )
     return Row(where, OK, finding, data=data)
 
 
 def check_ports(host: Host) -> list[Row]:
     devices = read_devices(host.sysfs)
     if not devices:
-        return [Row("rdma devices", INFO, f"none ({host.sysfs} is empty or absent): arx, arx2 and arxg over RDMA cannot run here",
-                    data={"devices": []})]
+        return [
+            Row(
+                "rdma devices",
+                INFO,
+                f"none ({host.sysfs} is empty or absent): arx, arx2 and arxg over RDMA cannot run here",
+                data={"devices": []},
+            )
+        ]
     return [_port_row(host, port) for dev in devices for port in dev.ports]
 
 
@@ -163,9 +209,16 @@ def check_twins(host: Host) -> list[Row]:
             rows.append(Row(f"twins {'+'.join(names)}", OK, "both up with a RoCE v2 IPv4 GID", data=data))
         else:
             down = [n for n in names if n not in up]
-            rows.append(Row(f"twins {'+'.join(names)}", FAIL, f"only {', '.join(up) or 'none'} of the cabled port's twins is usable",
-                            f"bring up {', '.join(down)}'s netdev with an IPv4 address; each twin carries half the port "
-                            f"(one alone tops out near 12 GB/s)", data))
+            rows.append(
+                Row(
+                    f"twins {'+'.join(names)}",
+                    FAIL,
+                    f"only {', '.join(up) or 'none'} of the cabled port's twins is usable",
+                    f"bring up {', '.join(down)}'s netdev with an IPv4 address; each twin carries half the port "
+                    f"(one alone tops out near 12 GB/s)",
+                    data,
+                )
+            )
     return rows
 
 
@@ -182,7 +235,9 @@ def check_registration(host: Host) -> list[Row]:
     """Register a small buffer on each usable device, as arx does at start; CMA figures where that fails."""
     eps = endpoints(host)
     cma = _cma(host)
-    cma_text = f"CmaTotal {cma['CmaTotal']} kB, CmaFree {cma.get('CmaFree', '?')} kB" if "CmaTotal" in cma else "no CMA figures in /proc/meminfo"
+    cma_text = (
+        f"CmaTotal {cma['CmaTotal']} kB, CmaFree {cma.get('CmaFree', '?')} kB" if "CmaTotal" in cma else "no CMA figures in /proc/meminfo"
+    )
     if not eps:
         return [Row("memory registration", INFO, f"not checked: no usable RDMA device ({cma_text})", data={"cma": cma})]
     if host.verbs.status()[0] is not None:
@@ -197,8 +252,10 @@ def check_registration(host: Host) -> list[Row]:
         return [Row("memory registration", OK, f"4 KiB registered on {', '.join(e.device for e in eps)} ({cma_text})", data=data)]
     said = "; ".join(f"{d}: {e}" for d, e in errors.items())
     if cma.get("CmaTotal") == 0:
-        fix = ("this kernel has no CMA memory (CmaTotal: 0 kB), and registration then fails even for 1 KiB: boot another "
-               "kernel and driver (7.0.0-1019-nvidia had none; 6.17.0-1031-nvidia with driver 580.173.02 worked)")
+        fix = (
+            "this kernel has no CMA memory (CmaTotal: 0 kB), and registration then fails even for 1 KiB: boot another "
+            "kernel and driver (7.0.0-1019-nvidia had none; 6.17.0-1031-nvidia with driver 580.173.02 worked)"
+        )
     else:
         fix = "raise ulimit -l (memlock), and see `dmesg` for the driver's reason"
     return [Row("memory registration", FAIL, f"4 KiB failed: {said} ({cma_text})", fix, data)]
@@ -215,11 +272,19 @@ def check_memlock(host: Host) -> list[Row]:
         return [Row("locked memory (ulimit -l)", OK, finding, data=data)]
     if host.euid == 0:
         return [Row("locked memory (ulimit -l)", OK, finding + "; root is not held to it", data=data)]
-    return [Row("locked memory (ulimit -l)", FAIL, finding,
-                "ulimit -l unlimited (memlock in /etc/security/limits.conf; a container's --ulimit memlock=-1)", data)]
+    return [
+        Row(
+            "locked memory (ulimit -l)",
+            FAIL,
+            finding,
+            "ulimit -l unlimited (memlock in /etc/security/limits.conf; a container's --ulimit memlock=-1)",
+            data,
+        )
+    ]
 
 
 # ---- NCCL -------------------------------------------------------------------------------------------------
+
 
 def check_nccl_library(host: Host) -> list[Row]:
     """The libnccl torch loads (version, build), every other one on the library path, the ARM hang."""
@@ -233,27 +298,45 @@ def check_nccl_library(host: Host) -> list[Row]:
         data = {"loaded": lib.path, "version": lib.version, "build_id": lib.build_id}
         hang = nccl_facts.arm_hang_warning(lib, host.machine)
         if hang:
-            rows.append(Row("nccl library", FAIL, f"torch loads {lib.describe()}; {hang}",
-                            "install NCCL 2.29.3 or later for torch (pip install -U nvidia-nccl-cu13), or point "
-                            "ARXTUNE_NCCL_LIBRARY and LD_PRELOAD at the OS package's libnccl", data))
+            rows.append(
+                Row(
+                    "nccl library",
+                    FAIL,
+                    f"torch loads {lib.describe()}; {hang}",
+                    "install NCCL 2.29.3 or later for torch (pip install -U nvidia-nccl-cu13), or point "
+                    "ARXTUNE_NCCL_LIBRARY and LD_PRELOAD at the OS package's libnccl",
+                    data,
+                )
+            )
         else:
             rows.append(Row("nccl library", OK, f"torch loads {lib.describe()}", data=data))
     bound = host.env.get("ARXTUNE_NCCL_LIBRARY", "").strip()
     if bound:
         lib = nccl_facts.library_info(bound)
         hang = nccl_facts.arm_hang_warning(lib, host.machine)
-        rows.append(Row("  ARXTUNE_NCCL_LIBRARY", FAIL if hang or lib.version is None else OK,
-                        f"the nccl backend binds {lib.describe()}" + (f"; {hang}" if hang else ""),
-                        "point it at NCCL 2.29.3 or later" if hang else ("not an NCCL library: fix or unset it" if lib.version is None else ""),
-                        {"path": lib.path, "version": lib.version, "build_id": lib.build_id}))
+        rows.append(
+            Row(
+                "  ARXTUNE_NCCL_LIBRARY",
+                FAIL if hang or lib.version is None else OK,
+                f"the nccl backend binds {lib.describe()}" + (f"; {hang}" if hang else ""),
+                "point it at NCCL 2.29.3 or later" if hang else ("not an NCCL library: fix or unset it" if lib.version is None else ""),
+                {"path": lib.path, "version": lib.version, "build_id": lib.build_id},
+            )
+        )
     for path in others:
         if bound and path == Path(bound).resolve():
             continue
         lib = nccl_facts.library_info(path)
         hang = nccl_facts.arm_hang_warning(lib, host.machine)
-        rows.append(Row("  other libnccl", WARN if hang else INFO, f"{lib.describe()} on the library path"
-                        + (f"; {hang}" if hang else ""), "a program that loads it instead of torch's would hang" if hang else "",
-                        {"path": lib.path, "version": lib.version, "build_id": lib.build_id}))
+        rows.append(
+            Row(
+                "  other libnccl",
+                WARN if hang else INFO,
+                f"{lib.describe()} on the library path" + (f"; {hang}" if hang else ""),
+                "a program that loads it instead of torch's would hang" if hang else "",
+                {"path": lib.path, "version": lib.version, "build_id": lib.build_id},
+            )
+        )
     return rows
 
 
@@ -282,15 +365,27 @@ def check_nccl_env(host: Host) -> list[Row]:
         if hurts(value):
             rows.append(Row(f"  {name}", status, f"{name}={value} ({where}): {why}", f"remove it from {where}"))
         elif name == "NCCL_IB_GID_INDEX" and "NCCL_IB_GID_INDEX" in derived and value.strip() != derived["NCCL_IB_GID_INDEX"]:
-            rows.append(Row(f"  {name}", FAIL, f"{name}={value} ({where}), but this box's RoCE v2 IPv4 GID is at index "
-                            f"{derived['NCCL_IB_GID_INDEX']}", f"export NCCL_IB_GID_INDEX={derived['NCCL_IB_GID_INDEX']} "
-                            f"(it moves after reboots: derive it at launch, as `arxtune doctor` does)"))
+            rows.append(
+                Row(
+                    f"  {name}",
+                    FAIL,
+                    f"{name}={value} ({where}), but this box's RoCE v2 IPv4 GID is at index {derived['NCCL_IB_GID_INDEX']}",
+                    f"export NCCL_IB_GID_INDEX={derived['NCCL_IB_GID_INDEX']} "
+                    f"(it moves after reboots: derive it at launch, as `arxtune doctor` does)",
+                )
+            )
         elif name == "NCCL_IB_HCA" and "NCCL_IB_HCA" in derived:
             want = {h.split(":")[0] for h in derived["NCCL_IB_HCA"].lstrip("=").split(",")}
             named = {h.split(":")[0] for h in value.lstrip("=^").split(",") if h}
             if value.startswith("^") or not want <= named:
-                rows.append(Row(f"  {name}", WARN, f"{name}={value} ({where}) leaves out {', '.join(sorted(want - named)) or 'twins'}",
-                                f"export NCCL_IB_HCA={derived['NCCL_IB_HCA']} (both twins)"))
+                rows.append(
+                    Row(
+                        f"  {name}",
+                        WARN,
+                        f"{name}={value} ({where}) leaves out {', '.join(sorted(want - named)) or 'twins'}",
+                        f"export NCCL_IB_HCA={derived['NCCL_IB_HCA']} (both twins)",
+                    )
+                )
     return rows
 
 
@@ -310,11 +405,23 @@ def check_tuner_plugin(host: Host) -> list[Row]:
     with_tuner = [p for p in found if b"ncclTunerPlugin_v" in (p.read_bytes() if p.stat().st_size < (512 << 20) else b"")]
     data = {"net_plugins": [str(p) for p in found], "with_tuner": [str(p) for p in with_tuner]}
     if with_tuner:
-        return [Row("nccl tuner plugin", FAIL, f"NCCL_TUNER_PLUGIN is unset and the net plugin {with_tuner[0]} carries tuner "
-                    "symbols: NCCL will take it as its tuner", "export NCCL_TUNER_PLUGIN=none (or arxtune's, "
-                    "`arxtune nccl-tuner build`) so NCCL's own choice, or yours, stands", data)]
-    return [Row("nccl tuner plugin", OK, "none: NCCL_TUNER_PLUGIN unset and no net plugin with tuner symbols"
-                + (f" ({', '.join(map(str, found))})" if found else ""), data=data)]
+        return [
+            Row(
+                "nccl tuner plugin",
+                FAIL,
+                f"NCCL_TUNER_PLUGIN is unset and the net plugin {with_tuner[0]} carries tuner symbols: NCCL will take it as its tuner",
+                "export NCCL_TUNER_PLUGIN=none (or arxtune's, `arxtune nccl-tuner build`) so NCCL's own choice, or yours, stands",
+                data,
+            )
+        ]
+    return [
+        Row(
+            "nccl tuner plugin",
+            OK,
+            "none: NCCL_TUNER_PLUGIN unset and no net plugin with tuner symbols" + (f" ({', '.join(map(str, found))})" if found else ""),
+            data=data,
+        )
+    ]
 
 
 def check_pair_settings(host: Host) -> list[Row]:
@@ -330,6 +437,7 @@ def check_pair_settings(host: Host) -> list[Row]:
 
 # ---- the GPU, arxg, backends ------------------------------------------------------------------------------
 
+
 def check_gpus(host: Host) -> list[Row]:
     """Integrated or not, pageable memory access, GPUDirect RDMA and dma-buf, as the driver says."""
     try:
@@ -341,9 +449,11 @@ def check_gpus(host: Host) -> list[Row]:
     rows = []
     for g in gpus:
         yes = lambda k: {1: "yes", 0: "no", None: "unknown"}[g.get(k)]  # noqa: E731, B023 (used in this iteration)
-        finding = (f"{g['name']} (sm_{g['capability'].replace('.', '')}), integrated {yes('integrated')}, pageable memory access "
-                   f"{yes('pageable_memory_access')} (host page tables {yes('host_page_tables')}), GPUDirect RDMA "
-                   f"{yes('gpu_direct_rdma')}, dma-buf {yes('dma_buf')}")
+        finding = (
+            f"{g['name']} (sm_{g['capability'].replace('.', '')}), integrated {yes('integrated')}, pageable memory access "
+            f"{yes('pageable_memory_access')} (host page tables {yes('host_page_tables')}), GPUDirect RDMA "
+            f"{yes('gpu_direct_rdma')}, dma-buf {yes('dma_buf')}"
+        )
         if g.get("integrated"):
             finding += ": on an integrated GPU (GB10) arx stages through host memory, so neither GPUDirect RDMA nor dma-buf is needed"
         rows.append(Row(f"gpu {g['index']}", OK, finding, data=g))
@@ -377,8 +487,14 @@ def check_arxg(host: Host) -> list[Row]:
     rows = []
     for item, finding in arxg_rows():
         bad = finding.startswith(("unavailable", "cannot", "none for"))
-        rows.append(Row(item, WARN if bad else (INFO if finding.startswith("not applicable") else OK), finding,
-                        "see docs/gb10.md, row arxg" if bad else ""))
+        rows.append(
+            Row(
+                item,
+                WARN if bad else (INFO if finding.startswith("not applicable") else OK),
+                finding,
+                "see docs/gb10.md, row arxg" if bad else "",
+            )
+        )
     return rows
 
 
@@ -447,6 +563,12 @@ def run(host: Host | None = None, checks: list[Check] | None = None) -> list[Row
         try:
             rows += check.run(host)
         except Exception as exc:
-            rows.append(Row(check.name, FAIL, f"the check itself failed: {type(exc).__name__}: {exc}",
-                            "report it with `arxtune doctor --report FILE`"))
+            rows.append(
+                Row(
+                    check.name,
+                    FAIL,
+                    f"the check itself failed: {type(exc).__name__}: {exc}",
+                    "report it with `arxtune doctor --report FILE`",
+                )
+            )
     return rows

@@ -29,6 +29,7 @@ from arxtune.runtime.rdma.device import read_devices
 
 # ---- what each rank says about itself ---------------------------------------------------------------------
 
+
 def _versions(host: Host) -> dict:
     from importlib import metadata
 
@@ -46,9 +47,16 @@ def _versions(host: Host) -> dict:
 
     loaded = host.loaded_nccl()
     lib = library_info(loaded) if loaded else None
-    return {"arxtune": __version__, "torch": torch.__version__, "nccl": lib.version if lib else None,
-            "nccl build": lib.build_id[:16] if lib and lib.build_id else None, "triton": dist_version("triton"),
-            "driver": driver_version(), "pyverbs": dist_version("pyverbs"), "python": sys.version.split()[0]}
+    return {
+        "arxtune": __version__,
+        "torch": torch.__version__,
+        "nccl": lib.version if lib else None,
+        "nccl build": lib.build_id[:16] if lib and lib.build_id else None,
+        "triton": dist_version("triton"),
+        "driver": driver_version(),
+        "pyverbs": dist_version("pyverbs"),
+        "python": sys.version.split()[0],
+    }
 
 
 def _thresholds() -> dict:
@@ -96,12 +104,30 @@ def rank_report(host: Host, rank: int, rows: list[Row]) -> dict:
     twins = []
     for ep in endpoints(host):
         facts = ports.get((ep.device, ep.port), {})
-        twins.append({"device": ep.device, "port": ep.port, "gid_index": ep.gid.index, "gid": ep.gid.gid, "ipv4": ep.gid.ipv4,
-                      "netdev": ep.gid.netdev, "active_mtu": facts.get("active_mtu"), "netdev_mtu": facts.get("netdev_mtu"),
-                      "networks": [str(a.network) for a in networks.get(ep.gid.netdev or "", [])]})
-    return {"rank": rank, "host": socket.gethostname(), "versions": _versions(host), "thresholds": _thresholds(),
-            "twins": twins, "route": _route(host, host.env.get("MASTER_ADDR"), int(host.env.get("MASTER_PORT", "29500"))),
-            "nccl_gid_index": host.env.get("NCCL_IB_GID_INDEX"), "reach": _reach(host, rank), "rows": [r.as_dict() for r in rows]}
+        twins.append(
+            {
+                "device": ep.device,
+                "port": ep.port,
+                "gid_index": ep.gid.index,
+                "gid": ep.gid.gid,
+                "ipv4": ep.gid.ipv4,
+                "netdev": ep.gid.netdev,
+                "active_mtu": facts.get("active_mtu"),
+                "netdev_mtu": facts.get("netdev_mtu"),
+                "networks": [str(a.network) for a in networks.get(ep.gid.netdev or "", [])],
+            }
+        )
+    return {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "versions": _versions(host),
+        "thresholds": _thresholds(),
+        "twins": twins,
+        "route": _route(host, host.env.get("MASTER_ADDR"), int(host.env.get("MASTER_PORT", "29500"))),
+        "nccl_gid_index": host.env.get("NCCL_IB_GID_INDEX"),
+        "reach": _reach(host, rank),
+        "rows": [r.as_dict() for r in rows],
+    }
 
 
 # ---- the differences table --------------------------------------------------------------------------------
@@ -112,6 +138,7 @@ PER_BOX = ("address", "rendezvous from")
 
 def table(reports: list[dict]) -> list[tuple[str, list[str], bool | None]]:
     """(what, value per rank, differs; None where values are per box by nature) for every compared fact."""
+
     def facts(rep: dict) -> dict[str, str]:
         out = {f"{k}": str(v) for k, v in rep["versions"].items()}
         out["thresholds"] = f"{rep['thresholds']['path']} " + (rep["thresholds"]["sha256"] or "(absent)")[:16]
@@ -121,14 +148,16 @@ def table(reports: list[dict]) -> list[tuple[str, list[str], bool | None]]:
             out[f"twin {i} MTU"] = f"active {t['active_mtu']}, {t['netdev']} {t['netdev_mtu']}"
             out[f"twin {i} address"] = f"{t['ipv4']} ({t['device']})"
         route = rep["route"]
-        out["rendezvous from"] = (f"{route.get('source')} ({route.get('netdev') or '?'})" if route.get("source")
-                                  else route.get("error") or "no MASTER_ADDR")
+        out["rendezvous from"] = (
+            f"{route.get('source')} ({route.get('netdev') or '?'})" if route.get("source") else route.get("error") or "no MASTER_ADDR"
+        )
         return out
 
     per_rank = [facts(r) for r in reports]
     keys = list(dict.fromkeys(k for f in per_rank for k in f))
-    return [(k, [f.get(k, "-") for f in per_rank],
-             None if k.endswith(PER_BOX) else len({f.get(k, "-") for f in per_rank}) > 1) for k in keys]
+    return [
+        (k, [f.get(k, "-") for f in per_rank], None if k.endswith(PER_BOX) else len({f.get(k, "-") for f in per_rank}) > 1) for k in keys
+    ]
 
 
 def format_table(reports: list[dict], rows: list[tuple[str, list[str], bool | None]]) -> str:
@@ -156,10 +185,20 @@ def check_versions(reports: list[dict], pings: dict) -> list[Row]:
         if len(set(values.values())) > 1:
             said = ", ".join(f"rank {k}: {v}" for k, v in values.items())
             must = key in MUST_MATCH
-            rows.append(Row(f"group {key}", FAIL if must else WARN, f"differs ({said})",
-                            f"install the same {key} on every box" + (" (NCCL refuses or hangs across versions; two builds of one "
-                                                                     "version behaved apart on Sparks)" if key.startswith("nccl") else ""),
-                            {"ranks": list(values)}))
+            rows.append(
+                Row(
+                    f"group {key}",
+                    FAIL if must else WARN,
+                    f"differs ({said})",
+                    f"install the same {key} on every box"
+                    + (
+                        " (NCCL refuses or hangs across versions; two builds of one version behaved apart on Sparks)"
+                        if key.startswith("nccl")
+                        else ""
+                    ),
+                    {"ranks": list(values)},
+                )
+            )
     return rows or [Row("group versions", OK, "arxtune, torch, NCCL, Triton, driver and pyverbs the same on every rank")]
 
 
@@ -167,40 +206,78 @@ def check_thresholds(reports: list[dict], pings: dict) -> list[Row]:
     digests = {r["rank"]: r["thresholds"]["sha256"] for r in reports}
     if len(set(digests.values())) == 1:
         digest = next(iter(digests.values()))
-        return [Row("group thresholds", OK if digest else INFO, f"the same file on every rank ({digest[:16]})" if digest
-                    else "no thresholds file on any rank (a sweep and calibrate make one)")]
+        return [
+            Row(
+                "group thresholds",
+                OK if digest else INFO,
+                f"the same file on every rank ({digest[:16]})"
+                if digest
+                else "no thresholds file on any rank (a sweep and calibrate make one)",
+            )
+        ]
     said = ", ".join(f"rank {r['rank']}: {r['thresholds']['path']} {(r['thresholds']['sha256'] or 'absent')[:16]}" for r in reports)
-    return [Row("group thresholds", FAIL, f"the thresholds files differ ({said})",
-                "copy one file to every box (arxtune calibrate ... --install, then the same file everywhere)",
-                {"ranks": list(digests)})]
+    return [
+        Row(
+            "group thresholds",
+            FAIL,
+            f"the thresholds files differ ({said})",
+            "copy one file to every box (arxtune calibrate ... --install, then the same file everywhere)",
+            {"ranks": list(digests)},
+        )
+    ]
 
 
 def check_twins(reports: list[dict], pings: dict) -> list[Row]:
     counts = {r["rank"]: len(r["twins"]) for r in reports}
     if not any(counts.values()):
-        return [Row("group rdma", WARN, "no rank has a usable RDMA device: arx cannot run; NCCL goes over sockets",
-                    "see each box's `arxtune doctor` rows for its RDMA devices")]
+        return [
+            Row(
+                "group rdma",
+                WARN,
+                "no rank has a usable RDMA device: arx cannot run; NCCL goes over sockets",
+                "see each box's `arxtune doctor` rows for its RDMA devices",
+            )
+        ]
     rows = []
     if len(set(counts.values())) > 1:
-        rows.append(Row("group rdma", FAIL, f"usable twins per rank differ ({', '.join(f'rank {k}: {v}' for k, v in counts.items())})",
-                        "bring up the same twins on every box (each box's `arxtune doctor` names the one down)",
-                        {"ranks": list(counts)}))
+        rows.append(
+            Row(
+                "group rdma",
+                FAIL,
+                f"usable twins per rank differ ({', '.join(f'rank {k}: {v}' for k, v in counts.items())})",
+                "bring up the same twins on every box (each box's `arxtune doctor` names the one down)",
+                {"ranks": list(counts)},
+            )
+        )
     for i in range(min(counts.values())):
         gids = {r["rank"]: r["twins"][i]["gid_index"] for r in reports}
         if len(set(gids.values())) > 1:
             pinned = all(r["nccl_gid_index"] == str(r["twins"][i]["gid_index"]) for r in reports)
             said = ", ".join(f"rank {k}: {v}" for k, v in gids.items())
-            rows.append(Row(f"group twin {i} GID index", OK if pinned else FAIL,
-                            f"differs ({said})" + ("; NCCL_IB_GID_INDEX is set to each box's own" if pinned else ""),
-                            "" if pinned else "export each box's own NCCL_IB_GID_INDEX (the line its `arxtune doctor` prints; it "
-                                              "moves after a reboot, so derive it at launch) or leave it unset for NCCL's choice",
-                            {"ranks": list(gids), "values": gids}))
+            rows.append(
+                Row(
+                    f"group twin {i} GID index",
+                    OK if pinned else FAIL,
+                    f"differs ({said})" + ("; NCCL_IB_GID_INDEX is set to each box's own" if pinned else ""),
+                    ""
+                    if pinned
+                    else "export each box's own NCCL_IB_GID_INDEX (the line its `arxtune doctor` prints; it "
+                    "moves after a reboot, so derive it at launch) or leave it unset for NCCL's choice",
+                    {"ranks": list(gids), "values": gids},
+                )
+            )
         mtus = {r["rank"]: (r["twins"][i]["active_mtu"], r["twins"][i]["netdev_mtu"]) for r in reports}
         if len({m[0] for m in mtus.values()}) > 1 or len({m[1] for m in mtus.values()}) > 1:
             said = ", ".join(f"rank {k}: active {a}, netdev {n}" for k, (a, n) in mtus.items())
-            rows.append(Row(f"group twin {i} MTU", FAIL, f"differs ({said}): the path MTU falls to the smaller",
-                            "ip link set dev NETDEV mtu 9000 on every box (the same MTU end to end)",
-                            {"ranks": list(mtus), "values": {k: list(v) for k, v in mtus.items()}}))
+            rows.append(
+                Row(
+                    f"group twin {i} MTU",
+                    FAIL,
+                    f"differs ({said}): the path MTU falls to the smaller",
+                    "ip link set dev NETDEV mtu 9000 on every box (the same MTU end to end)",
+                    {"ranks": list(mtus), "values": {k: list(v) for k, v in mtus.items()}},
+                )
+            )
     return rows or [Row("group rdma", OK, f"{min(counts.values())} twin(s) on every rank, same GID indexes and MTUs")]
 
 
@@ -218,11 +295,17 @@ def check_route(reports: list[dict], pings: dict) -> list[Row]:
         inside = [t for t in twins if any(source in ipaddress.IPv4Network(n) for n in t["networks"])]
         if not inside:
             nets = ", ".join(f"{n} ({t['netdev']})" for t in twins for n in t["networks"]) or "none"
-            rows.append(Row(f"rank {r['rank']} rendezvous", FAIL,
-                            f"traffic to {route['master']} leaves from {source} ({route.get('netdev') or '?'}), outside the RDMA "
-                            f"netdevs' subnets ({nets})",
-                            f"use rank 0's ConnectX address as the rendezvous endpoint (MASTER_ADDR / --rdzv-endpoint), and "
-                            f"GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME={twins[0]['netdev']}", {"ranks": [r["rank"]]}))
+            rows.append(
+                Row(
+                    f"rank {r['rank']} rendezvous",
+                    FAIL,
+                    f"traffic to {route['master']} leaves from {source} ({route.get('netdev') or '?'}), outside the RDMA "
+                    f"netdevs' subnets ({nets})",
+                    f"use rank 0's ConnectX address as the rendezvous endpoint (MASTER_ADDR / --rdzv-endpoint), and "
+                    f"GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME={twins[0]['netdev']}",
+                    {"ranks": [r["rank"]]},
+                )
+            )
     return rows or [Row("group rendezvous", OK, "every rank reaches the rendezvous over an RDMA netdev's subnet (or locally)")]
 
 
@@ -243,8 +326,7 @@ def check_pairs(reports: list[dict], pings: dict) -> list[Row]:
         for twin, result in sorted(twins.items()):
             item = f"ping-pong {i}<->{j} {twin}"
             if "error" in result:
-                rows.append(Row(item, FAIL, result["error"], "see both boxes' `arxtune doctor` rows for this device",
-                                {"ranks": [i, j]}))
+                rows.append(Row(item, FAIL, result["error"], "see both boxes' `arxtune doctor` rows for this device", {"ranks": [i, j]}))
             else:
                 figures = ", ".join(f"{_size(int(s))} {us:.2f} us" for s, us in sorted(result["us"].items(), key=lambda kv: int(kv[0])))
                 rows.append(Row(item, OK, f"RDMA write, half round trip (median): {figures}", data={"ranks": [i, j], **result}))
@@ -278,11 +360,23 @@ def check_reach(reports: list[dict], pings: dict) -> list[Row]:
     except reach.Unreachable as exc:
         n = len(group)
         cut = sorted({r for a in range(n) for b in range(a + 1, n) if not reach.pair_links(group[a], group[b]) for r in (a, b)})
-        return [Row("group reachability", FAIL, str(exc).removeprefix("arx: "),
-                    "cable a port of each such pair into one subnet and bring it up, or set ARXTUNE_RDMA_DEVICES",
-                    {"ranks": cut, "matrix": reach.matrix(group)})]
-    return [Row("group reachability", OK, "every pair of ranks shares a subnet on a working device (matrix above)",
-                data={"matrix": reach.matrix(group)})]
+        return [
+            Row(
+                "group reachability",
+                FAIL,
+                str(exc).removeprefix("arx: "),
+                "cable a port of each such pair into one subnet and bring it up, or set ARXTUNE_RDMA_DEVICES",
+                {"ranks": cut, "matrix": reach.matrix(group)},
+            )
+        ]
+    return [
+        Row(
+            "group reachability",
+            OK,
+            "every pair of ranks shares a subnet on a working device (matrix above)",
+            data={"matrix": reach.matrix(group)},
+        )
+    ]
 
 
 def _size(nbytes: int) -> str:
@@ -343,6 +437,7 @@ def reach_matrix_text(reports: list[dict]) -> str:
 
 # ---- running it under torchrun ----------------------------------------------------------------------------
 
+
 def _links(host: Host, rank: int, world: int) -> tuple[list, dict]:
     """This rank's twins and, per (peer, twin), an opened Link or the error that stopped it."""
     twins = endpoints(host)
@@ -385,11 +480,14 @@ def ping_all(host: Host, rank: int, world: int, timeout_s: float, barrier: Calla
                     peer = j if rank == i else i
                     n = min(len(everyone[i]["twins"]), len(everyone[j]["twins"]))
                     for d in range(n):
-                        name = everyone[i]["twins"][d] + (f"/{everyone[j]['twins'][d]}" if everyone[j]["twins"][d] != everyone[i]["twins"][d] else "")
+                        name = everyone[i]["twins"][d] + (
+                            f"/{everyone[j]['twins'][d]}" if everyone[j]["twins"][d] != everyone[i]["twins"][d] else ""
+                        )
                         link, remote = links.get((peer, d)), everyone[peer]["infos"].get((rank, d))
                         if isinstance(link, str) or not isinstance(remote, dict):
-                            results.setdefault((i, j), {})[name] = {"error": link if isinstance(link, str) else
-                                                                    (remote or f"rank {peer} has no twin {d}")}
+                            results.setdefault((i, j), {})[name] = {
+                                "error": link if isinstance(link, str) else (remote or f"rank {peer} has no twin {d}")
+                            }
                             continue
                         try:
                             us = pingpong.run(link, remote, rank == i, timeout_s)
@@ -454,14 +552,28 @@ def run_group(timeout_s: float = 60.0, host: Host | None = None, say=print) -> t
         failing = [r.item for r in rows if r.status == FAIL] if rank == 0 else None
         failing = gather(failing)[0]
         if rank != 0:
-            say(f"doctor: rank {rank}: the table and the verdicts are on rank 0 ({reports[0]['host']}): "
-                + (f"{len(failing)} failing row(s): {', '.join(failing)}" if failing else "every pair ready for a sweep"))
+            say(
+                f"doctor: rank {rank}: the table and the verdicts are on rank 0 ({reports[0]['host']}): "
+                + (f"{len(failing)} failing row(s): {', '.join(failing)}" if failing else "every pair ready for a sweep")
+            )
         code = int(bool(failing))
     except Exception as exc:  # a rank that died or froze: the collective's timeout names it, nothing waits further
         said = " ".join(str(exc).split())
         say(f"doctor: rank {rank}: the group stopped answering during {stage} within {timeout_s:g} s: {said[:400]}")
-        return 1, [Row("group", FAIL, f"no answer during {stage}: {said[:300]}", "check that every box runs the same "
-                       "command and reaches the rendezvous; rerun with a larger --timeout-s under emulation")], reports or [], pings or {}
+        return (
+            1,
+            [
+                Row(
+                    "group",
+                    FAIL,
+                    f"no answer during {stage}: {said[:300]}",
+                    "check that every box runs the same "
+                    "command and reaches the rendezvous; rerun with a larger --timeout-s under emulation",
+                )
+            ],
+            reports or [],
+            pings or {},
+        )
     finally:
         try:
             dist.destroy_process_group()

@@ -82,8 +82,13 @@ class Pyverbs:
 class Gpus:
     """What the GPUs say about reaching host memory and the NIC (cuDeviceGetAttribute)."""
 
-    ATTRIBUTES = {"integrated": 18, "pageable_memory_access": 88, "host_page_tables": 100,
-                  "gpu_direct_rdma": 116, "dma_buf": 124}  # CUdevice_attribute, cuda.h
+    ATTRIBUTES = {
+        "integrated": 18,
+        "pageable_memory_access": 88,
+        "host_page_tables": 100,
+        "gpu_direct_rdma": 116,
+        "dma_buf": 124,
+    }  # CUdevice_attribute, cuda.h
 
     def list(self) -> list[dict]:
         import torch
@@ -114,8 +119,9 @@ def ip_addresses() -> dict[str, list[str]]:
         links = json.loads(out or "[]")
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return {}
-    return {link["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"]
-            for link in links}
+    return {
+        link["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"] for link in links
+    }
 
 
 def _memlock() -> int | None:

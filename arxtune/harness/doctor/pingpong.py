@@ -50,8 +50,15 @@ class Link:
         return ctypes.addressof(self.mem)  # type: ignore[arg-type]
 
     def info(self, gid: str) -> dict:
-        return {"device": self.device, "qpn": self.qp.qp_num, "psn": self.psn, "gid": gid, "addr": self.base,  # type: ignore[attr-defined]
-                "rkey": self.mr.rkey, "mtu": self.mtu}  # type: ignore[attr-defined]
+        return {
+            "device": self.device,
+            "qpn": self.qp.qp_num,  # type: ignore[attr-defined]
+            "psn": self.psn,
+            "gid": gid,
+            "addr": self.base,
+            "rkey": self.mr.rkey,  # type: ignore[attr-defined]
+            "mtu": self.mtu,
+        }
 
     def close(self) -> None:
         for obj in (self.qp, self.mr, self.cq, self.pd, self.ctx):
@@ -114,8 +121,7 @@ def run(link: Link, remote: dict, initiator: bool, timeout_s: float, sizes=SIZES
     recv, send = view[:_MAX], view[_MAX:]
     results, seq = {}, 0
     for size in sizes:
-        wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, send_flags=e.IBV_SEND_SIGNALED,
-                    sg=[SGE(link.base + _MAX, size, link.mr.lkey)])  # type: ignore[attr-defined]
+        wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, send_flags=e.IBV_SEND_SIGNALED, sg=[SGE(link.base + _MAX, size, link.mr.lkey)])  # type: ignore[attr-defined]
         wr.set_wr_rdma(remote["rkey"], remote["addr"])
         halves = []
         for i in range(warmup + iters):
@@ -139,7 +145,7 @@ def _post(link: Link, wr, send, size: int, tag: bytes, timeout_s: float) -> None
     """Write the message whose last two bytes are `tag`, and reap its completion."""
     from arxtune.runtime.rdma.connection import cqe_status_to_str, e
 
-    send[size - 2:size] = np.frombuffer(tag, dtype=np.uint8)
+    send[size - 2 : size] = np.frombuffer(tag, dtype=np.uint8)
     link.qp.post_send(wr)  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout_s
     spins = 0
@@ -148,8 +154,9 @@ def _post(link: Link, wr, send, size: int, tag: bytes, timeout_s: float) -> None
         n, wcs = link.cq.poll(1)  # type: ignore[attr-defined]
         if n:
             if wcs[0].status != e.IBV_WC_SUCCESS:
-                raise RuntimeError(f"RDMA write to rank {link.peer} on {link.device} failed: "
-                                   f"{cqe_status_to_str(wcs[0].status)} (status {wcs[0].status})")
+                raise RuntimeError(
+                    f"RDMA write to rank {link.peer} on {link.device} failed: {cqe_status_to_str(wcs[0].status)} (status {wcs[0].status})"
+                )
             return
         if spins > _YIELD_AFTER:
             os.sched_yield()

@@ -52,8 +52,9 @@ def _sysfs_files(host: Host) -> dict[str, str]:
                 if (text := host.read(port / name)) is not None:
                     out[f"{base}/{name}"] = text
             for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
-                for entry in sorted((port / sub).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0) \
-                        if (port / sub).is_dir() else ():
+                for entry in (
+                    sorted((port / sub).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0) if (port / sub).is_dir() else ()
+                ):
                     text = host.read(entry)
                     if text and text.strip() and text.strip() != "0000:0000:0000:0000:0000:0000:0000:0000":
                         out[f"{base}/{sub}/{entry.name}"] = text
@@ -69,16 +70,27 @@ def _sysfs_files(host: Host) -> dict[str, str]:
 def build(rows: list[Row], host: Host | None = None, group: dict | None = None) -> bytes:
     """The archive's bytes (gzipped tar)."""
     host = host or Host()
-    doc = {"kind": "arxtune-doctor-report", "version": REPORT_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "host": platform.node(), "machine": host.machine, "rows": [r.as_dict() for r in rows], "group": group}
+    doc = {
+        "kind": "arxtune-doctor-report",
+        "version": REPORT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "machine": host.machine,
+        "rows": [r.as_dict() for r in rows],
+        "group": group,
+    }
     files = {
         "doctor.json": json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n",
         "environment.txt": "".join(f"{k}={v}\n" for k, v in sorted(host.env.items()) if k.startswith(ENV_PREFIXES)),
         "nccl-settings.txt": "".join(f"{n}={v}  # {w}\n" for n, v, w in nccl_settings(host)),
         **_sysfs_files(host),
     }
-    for name, path in (("proc/meminfo", host.proc / "meminfo"), ("proc/version", host.proc / "version"),
-                       ("etc/nccl.conf", host.etc / "nccl.conf"), ("home/.nccl.conf", host.home / ".nccl.conf")):
+    for name, path in (
+        ("proc/meminfo", host.proc / "meminfo"),
+        ("proc/version", host.proc / "version"),
+        ("etc/nccl.conf", host.etc / "nccl.conf"),
+        ("home/.nccl.conf", host.home / ".nccl.conf"),
+    ):
         if (text := host.read(path)) is not None:
             files[name] = text
     buf = io.BytesIO()

@@ -33,9 +33,21 @@ import platform
 import time
 from pathlib import Path
 
-from arxtune.harness.e2e.config import (BASELINE_ARM, E2E_VERSION, KIND, THRESHOLDS_ARM, TINY_MODEL, VLLM_BASELINE, Arm,
-                                        E2EConfig, engine_spec, forced_thresholds, make_arms, prompt_token_ids,
-                                        thresholds_for)
+from arxtune.harness.e2e.config import (
+    BASELINE_ARM,
+    E2E_VERSION,
+    KIND,
+    THRESHOLDS_ARM,
+    TINY_MODEL,
+    VLLM_BASELINE,
+    Arm,
+    E2EConfig,
+    engine_spec,
+    forced_thresholds,
+    make_arms,
+    prompt_token_ids,
+    thresholds_for,
+)
 from arxtune.harness.e2e.engine import run_engine
 from arxtune.harness.e2e.plot import plot_e2e
 from arxtune.harness.e2e.result import divergence, failures, load_result, ratio, report_lines, summarize_arms, write_result
@@ -43,9 +55,31 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.fileio import Staged, check_name, check_run_folder
 from arxtune.runtime.runs import RunExists, new_run_dir
 
-__all__ = ["BASELINE_ARM", "E2E_VERSION", "KIND", "THRESHOLDS_ARM", "TINY_MODEL", "VLLM_BASELINE", "Arm", "E2EConfig",
-           "divergence", "engine_spec", "failures", "forced_thresholds", "load_result", "make_arms", "plot_e2e", "prompt_token_ids", "ratio",
-           "report_lines", "run_e2e", "run_engine", "summarize_arms", "thresholds_for", "write_result"]
+__all__ = [
+    "BASELINE_ARM",
+    "E2E_VERSION",
+    "KIND",
+    "THRESHOLDS_ARM",
+    "TINY_MODEL",
+    "VLLM_BASELINE",
+    "Arm",
+    "E2EConfig",
+    "divergence",
+    "engine_spec",
+    "failures",
+    "forced_thresholds",
+    "load_result",
+    "make_arms",
+    "plot_e2e",
+    "prompt_token_ids",
+    "ratio",
+    "report_lines",
+    "run_e2e",
+    "run_engine",
+    "summarize_arms",
+    "thresholds_for",
+    "write_result",
+]
 
 
 def run_e2e(cfg: E2EConfig, run_id: str | None = None, say=print) -> Path:

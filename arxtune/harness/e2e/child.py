@@ -32,9 +32,12 @@ class CallCounts:
 
         group = get_tp_group()
         calls = getattr(group.device_communicator, "arxtune_calls", None)
-        return {"tp_rank": group.rank_in_group, "host": socket.gethostname(),
-                "communicator": type(group.device_communicator).__name__,
-                "calls": None if calls is None else {f"{op}:{backend}": n for (op, backend), n in sorted(calls.items())}}
+        return {
+            "tp_rank": group.rank_in_group,
+            "host": socket.gethostname(),
+            "communicator": type(group.device_communicator).__name__,
+            "calls": None if calls is None else {f"{op}:{backend}": n for (op, backend), n in sorted(calls.items())},
+        }
 
 
 EXTENSION = f"{__name__}.{CallCounts.__qualname__}"
@@ -48,7 +51,7 @@ def cpu_defaults(tp_per_node: int) -> None:
         return
     cores = sorted(os.sched_getaffinity(0))
     per_rank = max(1, len(cores) // tp_per_node)
-    groups = [cores[i * per_rank:(i + 1) * per_rank] or cores[-1:] for i in range(tp_per_node)]
+    groups = [cores[i * per_rank : (i + 1) * per_rank] or cores[-1:] for i in range(tp_per_node)]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, g)) for g in groups))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -59,17 +62,30 @@ def shutdown_defaults(spec: dict) -> None:
 
 
 def engine_args(spec: dict) -> dict:
-    args = dict(model=spec["model"], tensor_parallel_size=spec["tensor_parallel_size"], dtype=spec["dtype"],
-                max_model_len=spec["max_model_len"], enforce_eager=True, skip_tokenizer_init=True, seed=0,
-                disable_log_stats=False, worker_extension_cls=EXTENSION)
+    args = dict(
+        model=spec["model"],
+        tensor_parallel_size=spec["tensor_parallel_size"],
+        dtype=spec["dtype"],
+        max_model_len=spec["max_model_len"],
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        seed=0,
+        disable_log_stats=False,
+        worker_extension_cls=EXTENSION,
+    )
     batch = spec.get("batch")
     if batch:  # every arm batches alike (config.batch_settings)
         args.update(max_num_seqs=batch["max_num_seqs"], max_num_batched_tokens=batch["max_num_batched_tokens"])
     if spec.get("load_format"):
         args["load_format"] = spec["load_format"]
     if spec["nnodes"] > 1:
-        args.update(nnodes=spec["nnodes"], node_rank=spec["node_rank"], master_addr=spec["master_addr"],
-                    master_port=spec["master_port"], distributed_executor_backend="mp")
+        args.update(
+            nnodes=spec["nnodes"],
+            node_rank=spec["node_rank"],
+            master_addr=spec["master_addr"],
+            master_port=spec["master_port"],
+            distributed_executor_backend="mp",
+        )
     return args
 
 
@@ -119,10 +135,18 @@ def generate(spec: dict) -> dict:
     rounds = []
     for _ in range(spec["rounds"]):
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        rounds.append([{"token_ids": list(o.outputs[0].token_ids),
-                        "scheduled_ts": o.metrics.scheduled_ts, "first_token_ts": o.metrics.first_token_ts,
-                        "last_token_ts": o.metrics.last_token_ts, "generated": o.metrics.num_generation_tokens}
-                       for o in outputs])
+        rounds.append(
+            [
+                {
+                    "token_ids": list(o.outputs[0].token_ids),
+                    "scheduled_ts": o.metrics.scheduled_ts,
+                    "first_token_ts": o.metrics.first_token_ts,
+                    "last_token_ts": o.metrics.last_token_ts,
+                    "generated": o.metrics.num_generation_tokens,
+                }
+                for o in outputs
+            ]
+        )
     workers = llm.collective_rpc("arxtune_call_counts", timeout=spec["rpc_timeout_s"])
     # Shut down now, giving the workers time to end on their own (60 s): vLLM's default (5 s, then SIGKILL)
     # cuts a worker short on a loaded machine, and a worker killed never shows whether it would have exited cleanly.

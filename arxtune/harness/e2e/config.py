@@ -70,7 +70,9 @@ class E2EConfig:
         if self.decode_tokens < 2:
             raise ArxtuneError("--decode-tokens must be at least 2 (decode time is measured after the first token)")
         if self.prompt_tokens + self.decode_tokens > self.max_model_len:
-            raise ArxtuneError(f"prompt plus decode tokens ({self.prompt_tokens + self.decode_tokens}) exceed --max-model-len {self.max_model_len}")
+            raise ArxtuneError(
+                f"prompt plus decode tokens ({self.prompt_tokens + self.decode_tokens}) exceed --max-model-len {self.max_model_len}"
+            )
         if not 0 <= self.node_rank < self.nnodes:
             raise ArxtuneError(f"--node-rank {self.node_rank} must be between 0 and --nnodes - 1 ({self.nnodes - 1})")
         if self.tensor_parallel_size % self.nnodes:
@@ -93,22 +95,30 @@ def loose_ranges(thresholds: Thresholds, world: int) -> tuple[str, ...]:
     return tuple(thresholds.not_bitwise(world, lambda name: serves_itself(thresholds.baseline, name)))
 
 
-def thresholds_for(world: int, dtype: str, ranges: dict[str, list[tuple[int, str]]], baseline: str = VLLM_BASELINE,
-                   run_id: str = "e2e", bitwise: bool | None = None) -> Thresholds:
+def thresholds_for(
+    world: int,
+    dtype: str,
+    ranges: dict[str, list[tuple[int, str]]],
+    baseline: str = VLLM_BASELINE,
+    run_id: str = "e2e",
+    bitwise: bool | None = None,
+) -> Thresholds:
     """A thresholds file from {op: [(lower bound in bytes, backend), ...]} (each range ends where the next starts);
     `bitwise`: what every range says of its backend giving the baseline's bits (None: not known)."""
     tables = []
     for op, starts in ranges.items():
         bounds = [lo for lo, _ in starts[1:]] + [None]
-        tables.append(Table(op, dtype, world, tuple(Range(lo, hi, backend, "measured", bitwise)
-                                                    for (lo, backend), hi in zip(starts, bounds))))
+        tables.append(
+            Table(op, dtype, world, tuple(Range(lo, hi, backend, "measured", bitwise) for (lo, backend), hi in zip(starts, bounds)))
+        )
     return Thresholds(baseline=baseline, margin=0.0, provenance={"run_id": run_id}, tables=tuple(tables))
 
 
 def forced_thresholds(backend: str, world: int, dtype: str) -> Thresholds:
     """Every size of every op to `backend`."""
-    return thresholds_for(world, dtype, {op: [(0, backend)] for op in ("all_reduce", "all_gather", "reduce_scatter")},
-                          run_id=f"e2e-forced-{backend}")
+    return thresholds_for(
+        world, dtype, {op: [(0, backend)] for op in ("all_reduce", "all_gather", "reduce_scatter")}, run_id=f"e2e-forced-{backend}"
+    )
 
 
 def make_arms(cfg: E2EConfig, run_dir: Path) -> list[Arm]:
@@ -117,7 +127,9 @@ def make_arms(cfg: E2EConfig, run_dir: Path) -> list[Arm]:
     world = cfg.tensor_parallel_size
     arms = [Arm(BASELINE_ARM, {env.VLLM_DISABLE.name: "1"})]
     if cfg.thresholds:
-        arms.append(Arm(THRESHOLDS_ARM, {env.THRESHOLDS.name: str(Path(cfg.thresholds).resolve())}, loose_ranges(load(cfg.thresholds), world)))
+        arms.append(
+            Arm(THRESHOLDS_ARM, {env.THRESHOLDS.name: str(Path(cfg.thresholds).resolve())}, loose_ranges(load(cfg.thresholds), world))
+        )
     for backend in cfg.force:
         forced = forced_thresholds(backend, world, cfg.dtype)
         path = forced.save(run_dir / f"forced-{backend}.json")
@@ -128,8 +140,11 @@ def make_arms(cfg: E2EConfig, run_dir: Path) -> list[Arm]:
 def batch_settings(cfg: E2EConfig) -> dict:
     """How every arm's engine batches, the same in each: all prompts added before the first step (the engine core
     in the generating process, so it cannot start on some before the rest arrive), and a batch that holds them all."""
-    return {"engine_core": "in-process", "max_num_seqs": cfg.prompts,
-            "max_num_batched_tokens": max(cfg.prompts * cfg.prompt_tokens, cfg.max_model_len)}
+    return {
+        "engine_core": "in-process",
+        "max_num_seqs": cfg.prompts,
+        "max_num_batched_tokens": max(cfg.prompts * cfg.prompt_tokens, cfg.max_model_len),
+    }
 
 
 def prompt_token_ids(cfg: E2EConfig, vocab_size: int) -> list[list[int]]:
@@ -155,9 +170,20 @@ def engine_spec(cfg: E2EConfig) -> dict:
         raise ArxtuneError(f"{model_dir} has no config.json; pass a model directory or name with --model")
     has_weights = model_dir.is_dir() and any(p.suffix in (".safetensors", ".bin", ".pt") for p in model_dir.iterdir())
     load_format = cfg.load_format or ("dummy" if model_dir.is_dir() and not has_weights else "")
-    return {"model": str(model_dir.resolve()) if model_dir.is_dir() else cfg.model, "load_format": load_format,
-            "tensor_parallel_size": cfg.tensor_parallel_size, "dtype": cfg.dtype, "max_model_len": cfg.max_model_len,
-            "nnodes": cfg.nnodes, "node_rank": cfg.node_rank, "master_addr": cfg.master_addr,
-            "master_port": cfg.master_port, "decode_tokens": cfg.decode_tokens, "rounds": cfg.rounds,
-            "rpc_timeout_s": 600, "shutdown_timeout_s": 60, "prompts": prompt_token_ids(cfg, _vocab_size(cfg.model)),
-            "batch": batch_settings(cfg)}
+    return {
+        "model": str(model_dir.resolve()) if model_dir.is_dir() else cfg.model,
+        "load_format": load_format,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,
+        "nnodes": cfg.nnodes,
+        "node_rank": cfg.node_rank,
+        "master_addr": cfg.master_addr,
+        "master_port": cfg.master_port,
+        "decode_tokens": cfg.decode_tokens,
+        "rounds": cfg.rounds,
+        "rpc_timeout_s": 600,
+        "shutdown_timeout_s": 60,
+        "prompts": prompt_token_ids(cfg, _vocab_size(cfg.model)),
+        "batch": batch_settings(cfg),
+    }

@@ -15,6 +15,7 @@ from arxtune.runtime import schema
 from arxtune.runtime.errors import ArxtuneError, FormatError
 from arxtune.runtime.fileio import Staged, read_text, write_text_atomic
 
+
 def _round_samples(rounds: list[list[dict]]) -> tuple[list[float], list[float]]:
     """(decode us per token, prefill us) per round: the median request's, the batch's."""
     decode, prefill = [], []
@@ -40,8 +41,9 @@ def divergence(rounds: list[list[list[int]]], reference: list[list[int]]) -> lis
             firsts.append(same.index(False) if False in same else None)
             shares.append(sum(same) / max(len(same), 1))
         differing = [f for f in firsts if f is not None]
-        found.append({"prompt": prompt, "first_difference": min(differing) if differing else None,
-                      "identical_share": sum(shares) / len(shares)})
+        found.append(
+            {"prompt": prompt, "first_difference": min(differing) if differing else None, "identical_share": sum(shares) / len(shares)}
+        )
     return found
 
 
@@ -66,8 +68,11 @@ def summarize_arms(arms: list[str], engines: list[dict], loose: dict[str, list[s
         tokens = [rounds for e in mine for rounds in _tokens(e)]
         identical = reference is not None and all(t == reference for t in tokens)
         summary[arm] = {
-            "engines": len(mine), "decode_us_per_token": decode, "prefill_us": prefill,
-            "decode": asdict(summarize(decode)), "prefill": asdict(summarize(prefill)),
+            "engines": len(mine),
+            "decode_us_per_token": decode,
+            "prefill_us": prefill,
+            "decode": asdict(summarize(decode)),
+            "prefill": asdict(summarize(prefill)),
             "calls": {str(rank): dict(sorted(c.items())) for rank, c in sorted(workers.items())},
             "plugin": any(w["calls"] is not None for e in mine for w in e["workers"]),
             "tokens_identical": identical,
@@ -80,10 +85,12 @@ def summarize_arms(arms: list[str], engines: list[dict], loose: dict[str, list[s
 def failures(result: dict) -> list[str]:
     """The arms whose tokens had to equal vLLM's own and did not: every range they route away from vLLM's path
     gives the baseline's bits, so a difference is a backend changing results."""
-    return [f"arm {arm}'s tokens differ from vLLM's own though every range it routes away from vLLM's path gives the "
-            f"baseline's bits (first at token {min((d['first_difference'] for d in s['divergence'] if d['first_difference'] is not None), default=0)})"
-            for arm, s in result["summary"].items()
-            if arm != BASELINE_ARM and not s["tokens_identical"] and not s.get("loose_ranges") and s.get("divergence")]
+    return [
+        f"arm {arm}'s tokens differ from vLLM's own though every range it routes away from vLLM's path gives the "
+        f"baseline's bits (first at token {min((d['first_difference'] for d in s['divergence'] if d['first_difference'] is not None), default=0)})"
+        for arm, s in result["summary"].items()
+        if arm != BASELINE_ARM and not s["tokens_identical"] and not s.get("loose_ranges") and s.get("divergence")
+    ]
 
 
 def ratio(arm: dict, base: dict) -> dict:
@@ -101,19 +108,35 @@ def _provenance() -> dict:
             versions[module] = f"unavailable ({type(exc).__name__})"
     from arxtune import __version__
 
-    return {"host": platform.node(), "python": sys.executable, "arxtune": __version__, **versions,
-            "command": " ".join(["arxtune", *sys.argv[1:]])}
+    return {
+        "host": platform.node(),
+        "python": sys.executable,
+        "arxtune": __version__,
+        **versions,
+        "command": " ".join(["arxtune", *sys.argv[1:]]),
+    }
 
 
-def write_result(run_dir: Path, cfg: E2EConfig, arms: list[Arm], engines: list[dict], started: str, finished: str | None,
-                 into: Staged | None = None) -> dict:
+def write_result(
+    run_dir: Path, cfg: E2EConfig, arms: list[Arm], engines: list[dict], started: str, finished: str | None, into: Staged | None = None
+) -> dict:
     """e2e.json as it stands (after each engine, and once finished); `into`: staged with the command's other outputs."""
     summary = summarize_arms([a.name for a in arms], engines, {a.name: list(a.loose) for a in arms})
     ratios = {arm: ratio(s, summary[BASELINE_ARM]) for arm, s in summary.items() if arm != BASELINE_ARM and BASELINE_ARM in summary}
-    result = {"kind": KIND, "version": E2E_VERSION, "config": asdict(cfg), "batch": batch_settings(cfg), "provenance": _provenance(),
-              "started": started, "finished": finished, "arms": [asdict(a) for a in arms],
-              "order": [e["arm"] for e in engines], "summary": summary, "ratio_vs_vllm": ratios,
-              "engines": [{"arm": e["arm"], "startup_s": e["startup_s"], "workers": e["workers"]} for e in engines]}
+    result = {
+        "kind": KIND,
+        "version": E2E_VERSION,
+        "config": asdict(cfg),
+        "batch": batch_settings(cfg),
+        "provenance": _provenance(),
+        "started": started,
+        "finished": finished,
+        "arms": [asdict(a) for a in arms],
+        "order": [e["arm"] for e in engines],
+        "summary": summary,
+        "ratio_vs_vllm": ratios,
+        "engines": [{"arm": e["arm"], "startup_s": e["startup_s"], "workers": e["workers"]} for e in engines],
+    }
     (into.write_text if into is not None else write_text_atomic)(run_dir / "e2e.json", json.dumps(result, indent=2) + "\n", "e2e result")
     return result
 
@@ -175,9 +198,12 @@ def report_lines(result: dict) -> list[str]:
     """The comparison as printed: one line per arm, then the ratio to vLLM's default, then how any arm's tokens
     diverged and whether that was expected."""
     batch = result.get("batch")
-    lines = [f"batch: {result['config'].get('prompts', '?')} prompts submitted together, engine core {batch['engine_core']}, "
-             f"max_num_seqs {batch['max_num_seqs']}, max_num_batched_tokens {batch['max_num_batched_tokens']}, the same in every arm"
-             if batch else "batch: not pinned (an e2e result of version 1)"]
+    lines = [
+        f"batch: {result['config'].get('prompts', '?')} prompts submitted together, engine core {batch['engine_core']}, "
+        f"max_num_seqs {batch['max_num_seqs']}, max_num_batched_tokens {batch['max_num_batched_tokens']}, the same in every arm"
+        if batch
+        else "batch: not pinned (an e2e result of version 1)"
+    ]
     lines.append(f"{'arm':<14}{'decode ms/token, median [95% CI]':<36}{'prefill ms':<12}{'tokens':<12}calls per TP worker")
     for arm, s in result["summary"].items():
         d, p = s["decode"], s["prefill"]
@@ -193,9 +219,11 @@ def report_lines(result: dict) -> list[str]:
             continue
         loose = s.get("loose_ranges", [])
         if loose:
-            lines.append(f"{arm}: tokens diverge from vLLM's, as expected: it routes {len(loose)} range(s) to backends not known to give "
-                         f"the baseline's bits ({loose[0]}{', ...' if len(loose) > 1 else ''}), whose sums may round otherwise (the ranks' "
-                         "values added in another order); greedy decoding then turns at the first near tie. Not a failure.")
+            lines.append(
+                f"{arm}: tokens diverge from vLLM's, as expected: it routes {len(loose)} range(s) to backends not known to give "
+                f"the baseline's bits ({loose[0]}{', ...' if len(loose) > 1 else ''}), whose sums may round otherwise (the ranks' "
+                "values added in another order); greedy decoding then turns at the first near tie. Not a failure."
+            )
         else:
             lines.append(f"{arm}: FAILED: tokens differ from vLLM's own though every range it routes away gives the baseline's bits")
         for d in s["divergence"]:

@@ -41,8 +41,6 @@ REGISTRY: dict[str, str] = {
 ENV_EXTRA = env.EXTRA_BACKENDS.name
 
 
-
-
 def register(name: str, target: str) -> None:
     """Add a backend defined outside arxtune ("package.module:Class"), e.g. a site-specific transport."""
     if ":" not in target:
@@ -228,6 +226,23 @@ def create(name: str, ctx: GroupContext) -> Backend:
     return cls(ctx) if variant is None else cls(ctx, variant=variant)
 
 
-__all__ = ["OPS", "REGISTRY", "Backend", "BackendUnavailable", "GroupContext", "canonical", "check_extra", "check_options",
-           "create", "framework", "names", "problem", "register", "split_name", "split_names", "start_up_candidates",
-           "why_not_here", "with_variants"]
+__all__ = [
+    "OPS",
+    "REGISTRY",
+    "Backend",
+    "BackendUnavailable",
+    "GroupContext",
+    "canonical",
+    "check_extra",
+    "check_options",
+    "create",
+    "framework",
+    "names",
+    "problem",
+    "register",
+    "split_name",
+    "split_names",
+    "start_up_candidates",
+    "why_not_here",
+    "with_variants",
+]

@@ -95,8 +95,11 @@ class _Arx:
 
     def effective_options(self) -> dict:
         """The settings that shape what it measures, to be stored with a run and used again at runtime."""
-        return {key: list(value) if isinstance(value, tuple) else value
-                for key in SHAPING_OPTIONS if (value := getattr(self.cfg, key)) is not None}
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key in SHAPING_OPTIONS
+            if (value := getattr(self.cfg, key)) is not None
+        }
 
     def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
         self.coll.all_gather(inp, out)

@@ -94,8 +94,13 @@ class ArxGraph:
     def effective_options(self) -> dict:
         """The options as given (`memory` as asked, so a file calibrated with "auto" chooses again where it is
         used), with the mode chosen and why (recorded with the run and the thresholds)."""
-        return {**self._given, "memory": self._asked, "memory_mode": self.gpu.memory.mode,
-                "memory_reason": self.gpu.memory.reason, "kernels": self.kernels_note()}
+        return {
+            **self._given,
+            "memory": self._asked,
+            "memory_mode": self.gpu.memory.mode,
+            "memory_reason": self.gpu.memory.reason,
+            "kernels": self.kernels_note(),
+        }
 
     def kernels_note(self) -> str:
         """Which builds run (arch and the Triton that built them: the same wherever the file came from), or how

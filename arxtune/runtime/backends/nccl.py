@@ -46,6 +46,8 @@ from arxtune.runtime import env
 
 ENV_LOOP = env.NCCL_LOOP.name
 BURST_SOURCE = Path(__file__).with_name("nccl_burst.c")
+
+
 @functools.lru_cache(maxsize=1)
 def launch_loop() -> tuple[object, str]:
     """(the C loop's entry point or None, where eager calls launch from: "c" or "python (why)")."""
@@ -58,8 +60,24 @@ def launch_loop() -> tuple[object, str]:
         return None, f"python (no C loop: {exc})"
     vp = ctypes.c_void_p
     fn.restype = ctypes.c_int
-    fn.argtypes = [vp, ctypes.c_int, vp, vp, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, vp, vp, ctypes.c_int,
-                   vp, vp, vp, vp, vp]
+    fn.argtypes = [
+        vp,
+        ctypes.c_int,
+        vp,
+        vp,
+        ctypes.c_int,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        vp,
+        vp,
+        ctypes.c_int,
+        vp,
+        vp,
+        vp,
+        vp,
+        vp,
+    ]
     return fn, "c"
 
 
@@ -82,10 +100,17 @@ class Rotation:
         self._next = itertools.cycle([backend.bind(op, i, o) for i, o in zip(ins, outs)]).__next__
         fn, (_, _, count, dtype, *reduction, comm) = backend._arguments(op, ins[0], outs[0])
         pairs = len(ins)
-        self._head = (ctypes.cast(fn, ctypes.c_void_p), int(bool(reduction)),
-                      (ctypes.c_void_p * pairs)(*[t.data_ptr() for t in ins]),
-                      (ctypes.c_void_p * pairs)(*[t.data_ptr() for t in outs]), pairs, count, dtype,
-                      reduction[0] if reduction else SUM, comm)
+        self._head = (
+            ctypes.cast(fn, ctypes.c_void_p),
+            int(bool(reduction)),
+            (ctypes.c_void_p * pairs)(*[t.data_ptr() for t in ins]),
+            (ctypes.c_void_p * pairs)(*[t.data_ptr() for t in outs]),
+            pairs,
+            count,
+            dtype,
+            reduction[0] if reduction else SUM,
+            comm,
+        )
         self._loop, self._backend, self._name = loop, backend, f"nccl {op}"
         self.repeat = self._launch_from_c if loop is not None else None  # None: the timer loops over call()
         self.decode = self._decode_from_c if loop is not None else None
@@ -93,16 +118,20 @@ class Rotation:
     def __call__(self) -> None:
         self._next()()
 
-    def _decode_from_c(self, calls: int, busy, start: torch.cuda.Event | None = None,
-                       end: torch.cuda.Event | None = None) -> None:
+    def _decode_from_c(self, calls: int, busy, start: torch.cuda.Event | None = None, end: torch.cuda.Event | None = None) -> None:
         """`calls` x (busy kernel, call) from C, between events `start` and `end`."""
         from arxtune.runtime import cudadrv
 
         before = ctypes.cast(cudadrv.c_entry("arxtune_launch"), ctypes.c_void_p).value
         self._launch_from_c(calls, start, end, (before, busy.launch.address))
 
-    def _launch_from_c(self, calls: int, start: torch.cuda.Event | None = None,
-                       end: torch.cuda.Event | None = None, before: tuple[int, int] | tuple[None, None] = (None, None)) -> None:
+    def _launch_from_c(
+        self,
+        calls: int,
+        start: torch.cuda.Event | None = None,
+        end: torch.cuda.Event | None = None,
+        before: tuple[int, int] | tuple[None, None] = (None, None),
+    ) -> None:
         """`calls` launches; with events, `start` and `end` are recorded around them, from C where libcuda allows;
         `before` = (function, argument) runs ahead of each call."""
         b = self._backend
@@ -132,6 +161,7 @@ class NcclBackend:
     @classmethod
     def why_not_here(cls) -> str | None:
         return nccl_missing()
+
     device_type = "cuda"
     ops: ClassVar[tuple[str, ...]] = ("all_reduce", "all_gather", "reduce_scatter")
     #: `nccl[proto=LL,channels=4]`: the registry's variants (backends/__init__.py).
@@ -157,8 +187,11 @@ class NcclBackend:
         self._stream = torch._C._cuda_getCurrentRawStream  # the raw cudaStream_t of the current (or capturing) stream
         lib = self.nccl.lib
         #: op -> (entry point, whether it takes a reduction, whether its count is the output's)
-        self._entries = {"all_reduce": (lib.ncclAllReduce, True, False), "all_gather": (lib.ncclAllGather, False, False),
-                         "reduce_scatter": (lib.ncclReduceScatter, True, True)}
+        self._entries = {
+            "all_reduce": (lib.ncclAllReduce, True, False),
+            "all_gather": (lib.ncclAllGather, False, False),
+            "reduce_scatter": (lib.ncclReduceScatter, True, True),
+        }
 
     def _init_comm(self, world: int, uid: UniqueId, rank: int) -> None:
         """Create the communicator with the variant's settings; NCCL's refusal is the variant's reason."""
@@ -171,8 +204,10 @@ class NcclBackend:
                     self.nccl.check(lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank), "ncclCommInitRank")
                 else:
                     config = CommConfig.with_channels(variant.channels)
-                    self.nccl.check(lib.ncclCommInitRankConfig(ctypes.byref(self.comm), world, uid, rank, ctypes.byref(config)),
-                                    "ncclCommInitRankConfig")
+                    self.nccl.check(
+                        lib.ncclCommInitRankConfig(ctypes.byref(self.comm), world, uid, rank, ctypes.byref(config)),
+                        "ncclCommInitRankConfig",
+                    )
         except RuntimeError as exc:
             if not variant.settings():
                 raise

@@ -19,8 +19,16 @@ from arxtune.runtime.backends.base import BackendUnavailable
 
 ENV_LIBRARY = env.NCCL_LIBRARY.name
 #: ncclDataType_t and ncclRedOp_t values from nccl.h (stable since NCCL 2.10).
-DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7,
-          torch.float64: 8, torch.bfloat16: 9}
+DTYPES = {
+    torch.int8: 0,
+    torch.uint8: 1,
+    torch.int32: 2,
+    torch.int64: 4,
+    torch.float16: 6,
+    torch.float32: 7,
+    torch.float64: 8,
+    torch.bfloat16: 9,
+}
 SUM = 0
 
 
@@ -36,9 +44,16 @@ class CommConfig(ctypes.Structure):
     """The leading fields of ncclConfig_t (nccl.h, NCCL 2.17 on). NCCL copies `size` bytes of it over
     its defaults, so fields after these keep NCCL's defaults; `version` 2.17.0 says these are set."""
 
-    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint), ("blocking", ctypes.c_int),
-                ("cgaClusterSize", ctypes.c_int), ("minCTAs", ctypes.c_int), ("maxCTAs", ctypes.c_int),
-                ("netName", ctypes.c_char_p)]
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("blocking", ctypes.c_int),
+        ("cgaClusterSize", ctypes.c_int),
+        ("minCTAs", ctypes.c_int),
+        ("maxCTAs", ctypes.c_int),
+        ("netName", ctypes.c_char_p),
+    ]
 
     @classmethod
     def with_channels(cls, channels: int) -> "CommConfig":

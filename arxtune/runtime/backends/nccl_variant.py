@@ -42,9 +42,11 @@ class NcclVariant:
         channels = settings.get("channels")
         if channels is not None and not (channels.isdigit() and 1 <= int(channels) <= MAX_CHANNELS):
             raise ValueError(f"channels={channels} is not a whole number from 1 to {MAX_CHANNELS}")
-        return cls(_named(settings["proto"], PROTOCOLS, "proto") if "proto" in settings else None,
-                   _named(settings["algo"], ALGORITHMS, "algo") if "algo" in settings else None,
-                   int(channels) if channels is not None else None)
+        return cls(
+            _named(settings["proto"], PROTOCOLS, "proto") if "proto" in settings else None,
+            _named(settings["algo"], ALGORITHMS, "algo") if "algo" in settings else None,
+            int(channels) if channels is not None else None,
+        )
 
     def settings(self) -> dict[str, str]:
         """The canonical settings, in the order of KEYS: what the variant's name shows."""

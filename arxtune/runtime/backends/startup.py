@@ -48,9 +48,14 @@ def open_backends(names_wanted: list[str] | tuple[str, ...], ctx: GroupContext) 
             status[name] = {"available": False, "reason": reason}
             continue
         ready[name] = backend
-        status[name] = {"available": True, "reason": "", "capturable": bool(getattr(backend, "capturable", False)),
-                        "ops": list(getattr(backend, "ops", OPS)), "capacity": backend_capacity(backend),
-                        "options": _options(backend, ctx, name)}
+        status[name] = {
+            "available": True,
+            "reason": "",
+            "capturable": bool(getattr(backend, "capturable", False)),
+            "ops": list(getattr(backend, "ops", OPS)),
+            "capacity": backend_capacity(backend),
+            "options": _options(backend, ctx, name),
+        }
     return ready, status
 
 

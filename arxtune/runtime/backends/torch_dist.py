@@ -83,6 +83,7 @@ class TorchNcclBackend(_TorchDistBackend):
     @classmethod
     def why_not_here(cls) -> str | None:
         return nccl_missing()
+
     device_type = "cuda"
 
     def _make_group(self, ctx: GroupContext):

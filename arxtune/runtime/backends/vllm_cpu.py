@@ -60,8 +60,9 @@ class VllmCpuBackend:
         own = os.environ.get("VLLM_DIST_IDENT") or f"arxtune-{os.getpid()}-{time.time_ns()}"
         os.environ["VLLM_DIST_IDENT"] = gather_objects(own, ctx.cpu_group)[0]
         try:
-            self.comm = CpuCommunicator(cpu_group=ctx.cpu_group, device=torch.device("cpu"),
-                                        device_group=ctx.cpu_group, unique_name="tp:arxtune-vllm_cpu")
+            self.comm = CpuCommunicator(
+                cpu_group=ctx.cpu_group, device=torch.device("cpu"), device_group=ctx.cpu_group, unique_name="tp:arxtune-vllm_cpu"
+            )
         except Exception as exc:  # vLLM's constructor has many ways to fail; the reason goes into the results
             raise BackendUnavailable(f"vLLM's CpuCommunicator did not start: {type(exc).__name__}: {exc}") from None
         self.path = "torch.distributed" if self.comm.dist_module is dist else "shm"

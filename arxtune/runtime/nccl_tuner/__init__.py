@@ -71,9 +71,11 @@ def tuner_csv(thresholds: Thresholds, mode: str = "eager", dtype: str | None = N
     chosen: dict[tuple[str, int], str] = {}
     for op, world in sorted({(t.op, t.world_size) for t in tables}):
         chosen[(op, world)] = _dtype({t.dtype for t in tables if (t.op, t.world_size) == (op, world)}, dtype, f"{op} at world size {world}")
-    lines = [f"# arxtune NCCL tuner policy from runs {', '.join(thresholds.provenance.get('runs', [])) or '?'}: the {mode} tables, "
-             + ", ".join(f"{op} w{world} {d}" for (op, world), d in chosen.items()),
-             "# " + ",".join(COLUMNS)]
+    lines = [
+        f"# arxtune NCCL tuner policy from runs {', '.join(thresholds.provenance.get('runs', [])) or '?'}: the {mode} tables, "
+        + ", ".join(f"{op} w{world} {d}" for (op, world), d in chosen.items()),
+        "# " + ",".join(COLUMNS),
+    ]
     rules = 0
     for t in sorted(tables, key=lambda t: (t.op, t.world_size)):
         if chosen[(t.op, t.world_size)] != t.dtype:
@@ -88,8 +90,18 @@ def tuner_csv(thresholds: Thresholds, mode: str = "eager", dtype: str | None = N
                 raise ArxtuneError(f"table {t.mode}/{t.op}/{t.dtype}/w{t.world_size}: {exc}") from None
             if v is None:
                 continue
-            fields = (COLLECTIVES[t.op], r.lo, -1 if r.hi is None else r.hi - 1, v.algo or -1, v.proto or -1,
-                      v.channels or -1, nodes, t.world_size, -1, -1)
+            fields = (
+                COLLECTIVES[t.op],
+                r.lo,
+                -1 if r.hi is None else r.hi - 1,
+                v.algo or -1,
+                v.proto or -1,
+                v.channels or -1,
+                nodes,
+                t.world_size,
+                -1,
+                -1,
+            )
             lines.append(",".join(map(str, fields)))
             rules += 1
     return TunerExport("\n".join(lines) + "\n", rules, mode, chosen)

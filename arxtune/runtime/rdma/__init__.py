@@ -24,5 +24,14 @@ def connect(cfg: RdmaConfig, rank: int, world: int, exchange: Exchange) -> Colle
     return Collectives(open_transport(cfg, rank, world, exchange), cfg.gather_chunk_bytes)
 
 
-__all__ = ["Collectives", "RdmaConfig", "RdmaError", "RdmaTimeout", "RdmaUnavailable", "Transport",
-           "connect", "gloo_exchange", "open_transport"]
+__all__ = [
+    "Collectives",
+    "RdmaConfig",
+    "RdmaError",
+    "RdmaTimeout",
+    "RdmaUnavailable",
+    "Transport",
+    "connect",
+    "gloo_exchange",
+    "open_transport",
+]

@@ -106,8 +106,9 @@ class Collectives:
         for p in parts[2:]:
             target.add_(p)
 
-    def _send_all(self, k: int, src_off: int, nbytes: int, op: str, part_offsets: list[int] | None = None,
-                  part_bytes: list[int] | None = None) -> None:
+    def _send_all(
+        self, k: int, src_off: int, nbytes: int, op: str, part_offsets: list[int] | None = None, part_bytes: list[int] | None = None
+    ) -> None:
         """Write to every peer's slot for this rank: the same bytes, or (per-peer) part r to rank r."""
         dst = self.L.inbox(k, self.rank)
         for peer in self.t.peers:
@@ -208,7 +209,7 @@ class Collectives:
                 parts.append(self._view(self.L.inbox(k, r), pb, inp.dtype))
             else:
                 parts.append(self._view(self.L.staging(k) + offs[r], pb, inp.dtype))
-        self._reduce_into(k, out, parts, own=inp[self.rank * n:(self.rank + 1) * n])
+        self._reduce_into(k, out, parts, own=inp[self.rank * n : (self.rank + 1) * n])
 
     def all_gather(self, inp: torch.Tensor, out: torch.Tensor) -> None:
         """Chunked: one step per chunk of at most `chunk_bytes` per rank, copied out of the

@@ -21,8 +21,13 @@ from arxtune.runtime.errors import ArxtuneError
 from arxtune.runtime.units import parse_bytes
 from arxtune.runtime import env as variables
 
-ENV = {"devices": variables.RDMA_DEVICES, "port": variables.RDMA_PORT, "gid_index": variables.RDMA_GID_INDEX,
-       "max_bytes": variables.RDMA_MAX_BYTES, "timeout_s": variables.RDMA_TIMEOUT_S}
+ENV = {
+    "devices": variables.RDMA_DEVICES,
+    "port": variables.RDMA_PORT,
+    "gid_index": variables.RDMA_GID_INDEX,
+    "max_bytes": variables.RDMA_MAX_BYTES,
+    "timeout_s": variables.RDMA_TIMEOUT_S,
+}
 
 
 @dataclass(frozen=True)

@@ -91,8 +91,15 @@ class _Nic:
 class Transport:
     """Put bytes from our staging area into a peer's inbox, flag them, and wait for flags."""
 
-    def __init__(self, cfg: RdmaConfig, links: dict[int, tuple[Link, ...]], rank: int, world: int,
-                 buf: torch.Tensor | None = None, ndev: int | None = None):
+    def __init__(
+        self,
+        cfg: RdmaConfig,
+        links: dict[int, tuple[Link, ...]],
+        rank: int,
+        world: int,
+        buf: torch.Tensor | None = None,
+        ndev: int | None = None,
+    ):
         """Open the devices that serve a peer and register memory: local work only; `connect` does the collective part.
 
         `links`: peer -> its links in stripe order (reach.routes). `ndev`: flag words per peer in the
@@ -115,8 +122,7 @@ class Transport:
         # pinned only where a GPU will copy from it; registration pins the pages either way
         if buf is not None and (buf.dtype != torch.uint8 or buf.numel() < self.layout.total_bytes):
             raise RdmaUnavailable(f"arx: an external buffer must be uint8 of at least {self.layout.total_bytes} bytes")
-        self.buf = buf if buf is not None else torch.zeros(
-            self.layout.total_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        self.buf = buf if buf is not None else torch.zeros(self.layout.total_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         self.base = self.buf.data_ptr()
         L = self.layout
         self.flags = self.buf[L.flags_base : L.total_bytes].view(torch.int64).numpy()
@@ -166,8 +172,13 @@ class Transport:
         return {
             "layout": (L.world, L.slots, L.slot_bytes, L.ndev),
             "nics": {
-                n.name: {"mtu": n.mtu, "addr": self.base, "rkey": n.mr.rkey,
-                         "qpn": {p: qp.qp_num for p, qp in n.qps.items()}, "psn": dict(n.psns)}
+                n.name: {
+                    "mtu": n.mtu,
+                    "addr": self.base,
+                    "rkey": n.mr.rkey,
+                    "qpn": {p: qp.qp_num for p, qp in n.qps.items()},
+                    "psn": dict(n.psns),
+                }
                 for n in self.nics
             },
         }
@@ -179,15 +190,23 @@ class Transport:
             if info["layout"] != mine["layout"]:
                 raise RdmaError(
                     f"arx: rank {peer} has buffer layout (world, slots, max_bytes, devices) = {info['layout']} "
-                    f"but this rank has {mine['layout']}; use the same arx settings on every rank", peer=peer, op="connect")
+                    f"but this rank has {mine['layout']}; use the same arx settings on every rank",
+                    peer=peer,
+                    op="connect",
+                )
         self.remote = infos
         for peer in self.peers:
             for nic_index, link in zip(self.lanes[peer], self.links[peer]):
                 nic = self.nics[nic_index]
                 r = infos[peer]["nics"].get(link.remote, {})
                 if self.rank not in r.get("qpn", {}):
-                    raise RdmaError(f"arx: rank {peer} opened no queue pair on {link.remote} for this rank's {link.local} "
-                                    f"({link.subnet}); every rank must derive the same links", device=nic.name, peer=peer, op="connect")
+                    raise RdmaError(
+                        f"arx: rank {peer} opened no queue pair on {link.remote} for this rank's {link.local} "
+                        f"({link.subnet}); every rank must derive the same links",
+                        device=nic.name,
+                        peer=peer,
+                        op="connect",
+                    )
                 attr = QPAttr(port_num=nic.port, path_mtu=min(nic.mtu, r["mtu"]))
                 attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
                 attr.dest_qp_num = r["qpn"][self.rank]
@@ -200,8 +219,12 @@ class Transport:
                 try:
                     nic.qps[peer].to_rts(attr)
                 except PyverbsError as exc:
-                    raise RdmaError(f"arx: cannot connect QP to {link.remote} GID {link.dgid} ({link.subnet}): {exc}",
-                                    device=nic.name, peer=peer, op="connect") from exc
+                    raise RdmaError(
+                        f"arx: cannot connect QP to {link.remote} GID {link.dgid} ({link.subnet}): {exc}",
+                        device=nic.name,
+                        peer=peer,
+                        op="connect",
+                    ) from exc
                 self._posted[(nic_index, peer)] = self._done[(nic_index, peer)] = -1
 
     # ---- hot path -----------------------------------------------------------
@@ -224,8 +247,12 @@ class Transport:
             try:
                 self.nics[dev].qps[peer].post_send(wrs[0])
             except PyverbsError as exc:
-                raise RdmaError(f"arx: posting a write failed: {exc}; QP state {self._qp_state(dev, peer)}",
-                                device=self.nics[dev].name, peer=peer, op=op) from exc
+                raise RdmaError(
+                    f"arx: posting a write failed: {exc}; QP state {self._qp_state(dev, peer)}",
+                    device=self.nics[dev].name,
+                    peer=peer,
+                    op=op,
+                ) from exc
             self._posted[(dev, peer)] = step
 
     def _make_wrs(self, peer: int, k: int, slot: int, src_off: int, dst_off: int, length: int) -> tuple:
@@ -233,8 +260,9 @@ class Transport:
         A SendWR copies its SGE at construction, hence one cached pair per key."""
         nic, remote = self.nics[self.lanes[peer][k]], self.remote[peer]["nics"][self.links[peer][k].remote]
         L, lkey = self.layout, nic.mr.lkey
-        flag = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, send_flags=e.IBV_SEND_SIGNALED,
-                      sg=[SGE(self.base + L.flag_source(slot), 8, lkey)])
+        flag = SendWR(
+            opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, send_flags=e.IBV_SEND_SIGNALED, sg=[SGE(self.base + L.flag_source(slot), 8, lkey)]
+        )
         flag.set_wr_rdma(remote["rkey"], remote["addr"] + L.flag(slot, self.rank, k))
         if length == 0:
             return (flag,)
@@ -264,7 +292,10 @@ class Transport:
                             f"arx: rank {src} sent nothing for step {step} within {self.timeout_s:g} s "
                             f"(flag {int(flags[idx])}, want {seq}; QP state {self._qp_state(lanes[k], src)}): "
                             f"the peer stopped, crashed or runs a different sequence of collectives",
-                            device=self.nics[lanes[k]].name, peer=src, op=op)
+                            device=self.nics[lanes[k]].name,
+                            peer=src,
+                            op=op,
+                        )
 
     def poll(self, op: str) -> None:
         """Reap send completions; a bad one becomes an RdmaError naming device and peer."""
@@ -277,7 +308,10 @@ class Transport:
                         raise RdmaError(
                             f"arx: RDMA write failed: {cqe_status_to_str(wc.status)} (status {wc.status}, "
                             f"vendor error {wc.vendor_err}); QP state {self._qp_state(i, peer)}",
-                            device=nic.name, peer=peer, op=op)
+                            device=nic.name,
+                            peer=peer,
+                            op=op,
+                        )
                     self._done[(i, peer)] = wc.wr_id
                 if n < 16:
                     break
@@ -295,8 +329,11 @@ class Transport:
             elif time.monotonic() > deadline:
                 (dev, peer), _ = next((k, p) for k, p in self._posted.items() if self._done[k] < min(step, p))
                 raise RdmaTimeout(
-                    f"arx: writes of step {step} not acknowledged within {self.timeout_s:g} s; "
-                    f"QP state {self._qp_state(dev, peer)}", device=self.nics[dev].name, peer=peer, op=op)
+                    f"arx: writes of step {step} not acknowledged within {self.timeout_s:g} s; QP state {self._qp_state(dev, peer)}",
+                    device=self.nics[dev].name,
+                    peer=peer,
+                    op=op,
+                )
 
     # ---- diagnostics and teardown ------------------------------------------
     def _qp_state(self, dev: int, peer: int | None) -> str:
@@ -341,8 +378,15 @@ def share_facts(cfg: RdmaConfig, rank: int, exchange: Exchange, facts: RankFacts
     return [i["facts"] for i in infos]
 
 
-def open_transport(cfg: RdmaConfig, rank: int, world: int, exchange: Exchange, facts: RankFacts | None = None,
-                   buf: torch.Tensor | None = None, width: int | None = None) -> Transport:
+def open_transport(
+    cfg: RdmaConfig,
+    rank: int,
+    world: int,
+    exchange: Exchange,
+    facts: RankFacts | None = None,
+    buf: torch.Tensor | None = None,
+    width: int | None = None,
+) -> Transport:
     """Share facts, derive links, open, exchange and connect, agreeing with every rank at each collective step.
 
     A rank that cannot run still joins every exchange (carrying its reason), so the

@@ -28,8 +28,7 @@ def parse_write_lat(output: str, size: int = 2) -> float:
         elif col is not None and len(fields) > col and fields[0] == str(size) and fields[1].isdigit():
             value = float(fields[col])
             if not (math.isfinite(value) and value > 0):  # perftest's cycles-to-time conversion failed (a VM's clock)
-                raise RdmaError(f"ib_write_lat reported a {size}-byte t_typical of {fields[col]} us, not a latency",
-                                op="ib_write_lat")
+                raise RdmaError(f"ib_write_lat reported a {size}-byte t_typical of {fields[col]} us, not a latency", op="ib_write_lat")
             return value
     raise RdmaError(f"could not find a {size}-byte t_typical row in ib_write_lat output:\n{output}", op="ib_write_lat")
 
@@ -84,8 +83,11 @@ def _run_write_lat(device: str | None, deadline: float, timeout_s: float, iters:
                 return client.stdout
             if server.poll() is not None:
                 out = server.stdout.read() if server.stdout else ""
-                raise RdmaError(f"ib_write_lat server exited {server.returncode}:\n{out}\nclient:\n{client.stdout}{client.stderr}",
-                                device=ep.device, op="ib_write_lat")
+                raise RdmaError(
+                    f"ib_write_lat server exited {server.returncode}:\n{out}\nclient:\n{client.stdout}{client.stderr}",
+                    device=ep.device,
+                    op="ib_write_lat",
+                )
             time.sleep(0.2)
     finally:
         if server.poll() is None:

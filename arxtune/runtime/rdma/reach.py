@@ -90,9 +90,14 @@ class Link:
 
 
 # ---- facts of this rank ----------------------------------------------------------------
-def local_facts(cfg: RdmaConfig, rank: int, devices: list[DeviceInfo] | None = None,
-                addresses: dict[str, tuple[tuple[str, int], ...]] | None = None,
-                boot: str | None = None, host: str | None = None) -> RankFacts:
+def local_facts(
+    cfg: RdmaConfig,
+    rank: int,
+    devices: list[DeviceInfo] | None = None,
+    addresses: dict[str, tuple[tuple[str, int], ...]] | None = None,
+    boot: str | None = None,
+    host: str | None = None,
+) -> RankFacts:
     """This rank's candidate devices: those `cfg` names, else every device with an Ethernet port `cfg.port`,
     each with its port state and the IPv4 addresses (with prefix) its RoCE v2 GIDs carry.
     Arguments left None are read here (sysfs, rtnetlink, the boot id)."""
@@ -101,8 +106,10 @@ def local_facts(cfg: RdmaConfig, rank: int, devices: list[DeviceInfo] | None = N
     if chosen is None:
         chosen = [d for d in devices if (p := d.port(cfg.port)) is not None and p.link_layer == "Ethernet"]
         if not chosen:
-            raise RdmaUnavailable(f"arx: no RDMA device has an Ethernet (RoCE) port {cfg.port}: "
-                                  f"{', '.join(sorted(d.name for d in devices))}; set ARXTUNE_RDMA_PORT or ARXTUNE_RDMA_DEVICES")
+            raise RdmaUnavailable(
+                f"arx: no RDMA device has an Ethernet (RoCE) port {cfg.port}: "
+                f"{', '.join(sorted(d.name for d in devices))}; set ARXTUNE_RDMA_PORT or ARXTUNE_RDMA_DEVICES"
+            )
     if addresses is None:
         try:
             addresses = ipv4_addresses()
@@ -123,8 +130,10 @@ def _device_facts(dev: DeviceInfo, cfg: RdmaConfig, addresses: dict[str, tuple[t
         entry = next((g for g in port.gids if g.index == cfg.gid_index), None)
         if entry is None or not entry.roce_v2 or not entry.ipv4:
             what = "no GID" if entry is None else f"{entry.gid_type} GID {entry.gid}"
-            raise RdmaUnavailable(f"arx: {dev.name} port {cfg.port} has {what} at index {cfg.gid_index}; arx needs a RoCE v2 "
-                                  f"GID that carries an IPv4 address there (ARXTUNE_RDMA_GID_INDEX / gid_index)")
+            raise RdmaUnavailable(
+                f"arx: {dev.name} port {cfg.port} has {what} at index {cfg.gid_index}; arx needs a RoCE v2 "
+                f"GID that carries an IPv4 address there (ARXTUNE_RDMA_GID_INDEX / gid_index)"
+            )
         gids = [entry]
     found: dict[str, Address] = {}
     for g in gids:
@@ -151,8 +160,12 @@ def pair_links(a: RankFacts, b: RankFacts) -> list[tuple[int, Address, int, Addr
     finds none free takes one over from a device that has another choice (a matching as large
     as can be). Pass the lower rank first: both ranks then compute the same links in the same order."""
     same_host = a.boot == b.boot
-    options = [[(j, x, y) for x in da.addresses for j, db in enumerate(b.devices) if db.up
-                for y in db.addresses if _joins(x, y, same_host)] if da.up else [] for da in a.devices]
+    options = [
+        [(j, x, y) for x in da.addresses for j, db in enumerate(b.devices) if db.up for y in db.addresses if _joins(x, y, same_host)]
+        if da.up
+        else []
+        for da in a.devices
+    ]
     owner: dict[int, tuple[int, Address, Address]] = {}  # b's device -> (a's device, a's address, b's address)
 
     def place(i: int, seen: set[int]) -> bool:
@@ -190,13 +203,16 @@ def check(group: list[RankFacts], width: int | None = None) -> dict[tuple[int, i
         raise Unreachable(
             f"arx: no RDMA link between {', '.join(f'rank {a} and rank {b}' for a, b in cut)}: no working device of one is in "
             f"a subnet of the other's ({'; '.join(str(group[r]) for r in named)}). Cable a port of each into one subnet, "
-            f"bring its link up, or set ARXTUNE_RDMA_DEVICES to devices that reach every peer")
+            f"bring its link up, or set ARXTUNE_RDMA_DEVICES to devices that reach every peer"
+        )
     if width is not None:
         short = [(a, b, len(links)) for (a, b), links in pairs.items() if len(links) < width]
         if short:
             a, b, n = short[0]
-            raise RdmaUnavailable(f"arx: rank {a} and rank {b} share {n} RDMA link(s) but every peer needs {width} "
-                                  f"(the links changed during set-up?): {group[a]}; {group[b]}")
+            raise RdmaUnavailable(
+                f"arx: rank {a} and rank {b} share {n} RDMA link(s) but every peer needs {width} "
+                f"(the links changed during set-up?): {group[a]}; {group[b]}"
+            )
     return pairs
 
 

@@ -50,14 +50,18 @@ def main(out: Path) -> int:
         elif case == "gid":
             need(codes == [1, 1], f"gid: exit codes {codes}, want [1, 1]")
             row = got.get("group twin 0 GID index", {})
-            need(row.get("status") == "fail" and "rank 0: 1" in row.get("finding", "") and "rank 1: 2" in row.get("finding", ""),
-                 f"gid: the GID index row is {row}")
+            need(
+                row.get("status") == "fail" and "rank 0: 1" in row.get("finding", "") and "rank 1: 2" in row.get("finding", ""),
+                f"gid: the GID index row is {row}",
+            )
             need(got.get("verdict 0<->1", {}).get("status") == "fail", "gid: verdict is not fail")
         else:
             need(codes == [1, 1], f"mtu: exit codes {codes}, want [1, 1]")
             row = got.get("group twin 0 MTU", {})
-            need(row.get("status") == "fail" and "4096" in row.get("finding", "") and "1024" in row.get("finding", ""),
-                 f"mtu: the MTU row is {row}")
+            need(
+                row.get("status") == "fail" and "4096" in row.get("finding", "") and "1024" in row.get("finding", ""),
+                f"mtu: the MTU row is {row}",
+            )
     healthy = rows(report(out, "healthy"))
     print("==== ping-pong (doctor, pyverbs, healthy case) beside floor.sh (perftest ib_write_lat t_typical)")
     floor = {}

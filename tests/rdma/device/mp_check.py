@@ -141,9 +141,14 @@ def main() -> int:
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    ctx = GroupContext(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-                       device=torch.device("cpu"), cpu_group=dist.group.WORLD,
-                       options={"arx": {"max_bytes": MAX_BYTES, "timeout_s": 60, "chunk_bytes": 16 << 10}})
+    ctx = GroupContext(
+        rank=rank,
+        world_size=world,
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        device=torch.device("cpu"),
+        cpu_group=dist.group.WORLD,
+        options={"arx": {"max_bytes": MAX_BYTES, "timeout_s": 60, "chunk_bytes": 16 << 10}},
+    )
     chk = Checker(rank, world)
     backends = {name: create(name, ctx) for name in ("arx", "arx2")}
     # sizes in elements: tiny, odd, not divisible by world, slot-sized, gathers larger than the buffer
@@ -166,8 +171,14 @@ def main() -> int:
     chk.expect(bad == 0, f"300 consecutive all-reduces without barriers: {bad} wrong")
     names = [d.name for d in read_devices()]
     if len(names) >= 2 and not args.quick:  # the "twins": stripe big writes over two devices
-        tctx = GroupContext(rank=rank, world_size=world, local_rank=ctx.local_rank, device=ctx.device, cpu_group=ctx.cpu_group,
-                            options={"arx": {"devices": names[:2], "max_bytes": MAX_BYTES, "stripe_min_bytes": 4096}})
+        tctx = GroupContext(
+            rank=rank,
+            world_size=world,
+            local_rank=ctx.local_rank,
+            device=ctx.device,
+            cpu_group=ctx.cpu_group,
+            options={"arx": {"devices": names[:2], "max_bytes": MAX_BYTES, "stripe_min_bytes": 4096}},
+        )
         twins = create("arx", tctx)
         chk.run_backend(twins, f"arx[{'+'.join(names[:2])}]", (5, 4099, 65536), salt0=90_000)
         twins.close()

@@ -14,8 +14,7 @@ HERE = Path(__file__).parent
 
 
 def torchrun(nproc: int, *args: str, timeout: int = 600) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(HERE / "mp_check.py"), *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(HERE / "mp_check.py"), *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     out = proc.stdout + proc.stderr

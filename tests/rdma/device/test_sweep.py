@@ -27,10 +27,37 @@ def test_sweep_with_arx_and_arx2_writes_run_thresholds_and_plot():
     # An emulated guest starts two torch ranks in minutes: a rendezvous bound above the launcher's 180 s default.
     config = out_dir / "sweep.toml"
     config.write_text("[sweep]\ntimeout_s = 300\n")
-    cmd = [sys.executable, "-m", "arxtune", "sweep", "-c", str(config), "--backends", "gloo,arx,arx2",
-           "--ops", "all_reduce,all_gather,reduce_scatter", "--dtypes", "float32", "--views", "eager",
-           "--min-bytes", "4KiB", "--max-bytes", "1MiB", "--step-factor", "256", "--point-budget-s", "0.05",
-           "--nproc-per-node", "2", "--out", str(out_dir), "--run-id", "rdma-tier", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "arxtune",
+        "sweep",
+        "-c",
+        str(config),
+        "--backends",
+        "gloo,arx,arx2",
+        "--ops",
+        "all_reduce,all_gather,reduce_scatter",
+        "--dtypes",
+        "float32",
+        "--views",
+        "eager",
+        "--min-bytes",
+        "4KiB",
+        "--max-bytes",
+        "1MiB",
+        "--step-factor",
+        "256",
+        "--point-budget-s",
+        "0.05",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out_dir),
+        "--run-id",
+        "rdma-tier",
+        "--no-progress",
+    ]
     env = {**os.environ, "ARXTUNE_RDMA_MAX_BYTES": "1MiB"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
     out = proc.stdout + proc.stderr
@@ -41,7 +68,10 @@ def test_sweep_with_arx_and_arx2_writes_run_thresholds_and_plot():
     for name in ("arx", "arx2"):
         assert run.meta.backends[name]["available"], run.meta.backends[name]
         statuses = {p.status for p in run.records if p.backend == name}
-        assert statuses == {"ok"}, (name, [(p.op, p.size, p.status, p.error) for p in run.records if p.backend == name and p.status != "ok"])
+        assert statuses == {"ok"}, (
+            name,
+            [(p.op, p.size, p.status, p.error) for p in run.records if p.backend == name and p.status != "ok"],
+        )
     # What shaped arx's measurement is recorded, and the thresholds never hand it more than it takes.
     for name in ("arx", "arx2"):
         assert run.meta.backends[name]["capacity"] == {"all_reduce": 1 << 20, "reduce_scatter": 1 << 20}, run.meta.backends[name]
@@ -57,4 +87,6 @@ def test_sweep_with_arx_and_arx2_writes_run_thresholds_and_plot():
     medians = frame[(frame.op == "all_reduce") & (frame.dtype == "float32")].pivot(index="nbytes", columns="backend", values="median_us")
     print(f"ib_write_lat floor {run.meta.fabric_floor_us:.1f} us; all_reduce float32 medians (us) and ratios to gloo:")
     for nbytes, row in medians.iterrows():
-        print(f"  {nbytes:>8} B  gloo {row.gloo:9.1f}  arx {row.arx:9.1f} ({row.arx / row.gloo:.2f})  arx2 {row.arx2:9.1f} ({row.arx2 / row.gloo:.2f})")
+        print(
+            f"  {nbytes:>8} B  gloo {row.gloo:9.1f}  arx {row.arx:9.1f} ({row.arx / row.gloo:.2f})  arx2 {row.arx2:9.1f} ({row.arx2 / row.gloo:.2f})"
+        )

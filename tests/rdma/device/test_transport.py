@@ -159,6 +159,7 @@ def test_unknown_device_is_unavailable_with_the_names_present():
 
 def test_a_rank_that_cannot_run_makes_every_rank_unavailable():
     """Ranks exchange their set-up outcome first, so nobody waits for a broken peer."""
+
     def exchange(obj):
         return [obj, {"error": "arx: no RDMA devices (simulated on rank 1)"}]
 

@@ -76,8 +76,7 @@ def check_unreachable(ctx, devices: list[str]) -> None:
 
 
 def show_reach(ctx, name: str, devices: list[str] | None) -> None:
-    group = share_facts(RdmaConfig.resolve({"devices": devices} if devices else {}), ctx.rank,
-                        gloo_exchange(ctx.cpu_group, ctx.world_size))
+    group = share_facts(RdmaConfig.resolve({"devices": devices} if devices else {}), ctx.rank, gloo_exchange(ctx.cpu_group, ctx.world_size))
     say(f"REACH {name} ({', '.join(devices) if devices else 'every device'}):\n{reach.render(group)}")
 
 
@@ -97,11 +96,24 @@ def run_topology(ctx, name: str, devices: list[str], out: Path) -> None:
     # smaller ones); few samples: an emulated guest takes tens of milliseconds a call, and what counts here is
     # that every point runs and checks exact
     options = {"devices": devices, "max_bytes": MAX_BYTES, "stripe_min_bytes": STRIPE_MIN, "timeout_s": 120}
-    config = from_mapping({
-        "backends": ["gloo", "arx", "arx2"], "ops": ["all_reduce", "all_gather"], "dtypes": ["float32"], "views": ["eager"],
-        "min_bytes": 65536, "max_bytes": 65536, "point_budget_s": 0.01, "timeout_s": 300,
-        "warmup_iters": 1, "rounds": 2, "max_extra_rounds": 0, "min_iters": 2,
-        "out": str(out), "backend_options": {"arx": options, "arx2": options}})
+    config = from_mapping(
+        {
+            "backends": ["gloo", "arx", "arx2"],
+            "ops": ["all_reduce", "all_gather"],
+            "dtypes": ["float32"],
+            "views": ["eager"],
+            "min_bytes": 65536,
+            "max_bytes": 65536,
+            "point_budget_s": 0.01,
+            "timeout_s": 300,
+            "warmup_iters": 1,
+            "rounds": 2,
+            "max_extra_rounds": 0,
+            "min_iters": 2,
+            "out": str(out),
+            "backend_options": {"arx": options, "arx2": options},
+        }
+    )
     t0 = time.monotonic()
     path = sweep._run(config, dataclasses.replace(ctx, options=config.backend_options), f"world3-{name}", None, False)
     say(f"SWEEP {name}: {path} in {time.monotonic() - t0:.0f} s")
@@ -120,17 +132,29 @@ def run_topology(ctx, name: str, devices: list[str], out: Path) -> None:
     verdict = distributed.gather_objects(verdict, ctx.cpu_group)[0]
     expect(not verdict, f"{name} sweep: {verdict}")
 
-    setup = {b: BackendSetup(options={"devices": devices, "max_bytes": MAX_BYTES, "stripe_min_bytes": STRIPE_MIN},
-                             capacity={"all_reduce": MAX_BYTES})
-             for b in ("arx", "arx2")}
-    table = Thresholds("gloo", 0.05, {"run_id": f"world3-{name}"}, (
-        Table("all_reduce", "float32", ctx.world_size, (Range(0, 32768, "arx"), Range(32768, None, "arx2"))),
-        Table("all_gather", "float32", ctx.world_size, (Range(0, None, "arx"),))), backend_setup=setup)
+    setup = {
+        b: BackendSetup(
+            options={"devices": devices, "max_bytes": MAX_BYTES, "stripe_min_bytes": STRIPE_MIN}, capacity={"all_reduce": MAX_BYTES}
+        )
+        for b in ("arx", "arx2")
+    }
+    table = Thresholds(
+        "gloo",
+        0.05,
+        {"run_id": f"world3-{name}"},
+        (
+            Table("all_reduce", "float32", ctx.world_size, (Range(0, 32768, "arx"), Range(32768, None, "arx2"))),
+            Table("all_gather", "float32", ctx.world_size, (Range(0, None, "arx"),)),
+        ),
+        backend_setup=setup,
+    )
     fixed = Communicator(ctx, table)
     exact_calls(fixed, ctx, f"{name} fixed table")
     calls = dict(fixed.calls)
-    expect(all(calls.get(key, 0) > 0 for key in (("all_reduce", "arx"), ("all_reduce", "arx2"), ("all_gather", "arx"))),
-           f"{name}: the fixed table's calls went through arx and arx2: {calls}")
+    expect(
+        all(calls.get(key, 0) > 0 for key in (("all_reduce", "arx"), ("all_reduce", "arx2"), ("all_gather", "arx"))),
+        f"{name}: the fixed table's calls went through arx and arx2: {calls}",
+    )
     say(f"COMMUNICATOR {name} fixed table: {fixed.summary()}; calls {calls}")
     fixed.close()
     measured = Communicator(ctx, Path(path) / "thresholds.json")

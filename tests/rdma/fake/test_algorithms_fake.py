@@ -56,7 +56,7 @@ def test_all_reduce_exact_for_sizes_and_dtypes(world, algo):
 @pytest.mark.parametrize("algo", ["all_reduce_one_shot", "all_reduce_two_shot"])
 def test_all_reduce_is_bit_identical_on_every_rank_and_sums_in_rank_order(algo):
     n, world = 777, 3
-    inputs = [torch.randn(n, generator=torch.Generator().manual_seed(r)).to(torch.bfloat16) * 10 ** r for r in range(world)]
+    inputs = [torch.randn(n, generator=torch.Generator().manual_seed(r)).to(torch.bfloat16) * 10**r for r in range(world)]
 
     def body(coll, rank):
         out = torch.empty(n, dtype=torch.bfloat16)

@@ -126,12 +126,18 @@ def wiring(nic: FakeNic, rank: int, stripe_min_bytes: int) -> nv.Wiring:
     ring = nic.segments[rank].layout.ndev < ndev
     lanes = {p: [(p - rank) % world - 1] if ring else list(range(ndev)) for p in peers}
     return nv.Wiring(
-        nic.segments[rank].layout, rank, nic.segments[rank].data_address, stripe_min_bytes,
+        nic.segments[rank].layout,
+        rank,
+        nic.segments[rank].data_address,
+        stripe_min_bytes,
         {(d, p): nic.qp(rank, d, p) for d in range(ndev) for p in peers},
-        [nic.cq(rank, d) for d in range(ndev)], [nic.lkey(rank, d) for d in range(ndev)],
+        [nic.cq(rank, d) for d in range(ndev)],
+        [nic.lkey(rank, d) for d in range(ndev)],
         {(d, p): (nic.segments[p].data_address, nic.rkey(p, d)) for d in range(ndev) for p in peers},
-        [f"fake{d}" for d in range(ndev)], {nic.qp_num(nic.qp(rank, d, p)): (d, p) for d in range(ndev) for p in peers},
-        lanes)
+        [f"fake{d}" for d in range(ndev)],
+        {nic.qp_num(nic.qp(rank, d, p)): (d, p) for d in range(ndev) for p in peers},
+        lanes,
+    )
 
 
 class _Stop(Exception):
@@ -178,9 +184,19 @@ class PythonTransport:
 
 
 # steps as the ranks stage them: (op, bytes, parts); every slot is used several times
-SCRIPT = [("all_reduce", 1024, 1), ("all_gather", 64, 1), ("handshake", 0, 1), ("reduce_scatter", 3 * 6 * 64, 3),
-          ("all_reduce", 8192, 2), ("all_reduce", 1024, 1), ("all_gather", 4096, 1), ("reduce_scatter", 3 * 6 * 64, 1),
-          ("all_reduce", 8192, 1), ("handshake", 0, 1), ("all_gather", 64, 1)]
+SCRIPT = [
+    ("all_reduce", 1024, 1),
+    ("all_gather", 64, 1),
+    ("handshake", 0, 1),
+    ("reduce_scatter", 3 * 6 * 64, 3),
+    ("all_reduce", 8192, 2),
+    ("all_reduce", 1024, 1),
+    ("all_gather", 4096, 1),
+    ("reduce_scatter", 3 * 6 * 64, 1),
+    ("all_reduce", 8192, 1),
+    ("handshake", 0, 1),
+    ("all_gather", 64, 1),
+]
 
 
 def _segments(tmp_path, world, ndev, tag):
@@ -201,7 +217,7 @@ def _drive(nic: FakeNic, rank: int, start_loop, stop_loop, seed: int):
             nbytes = nbytes // 6 * world  # divisible by world, a multiple of 64 per piece
         slot, seq = L.slot(k), seq_of(k)
         data = bytes(rng.getrandbits(8) for _ in range(nbytes))
-        seg.data[L.staging(k):L.staging(k) + nbytes] = np.frombuffer(data, dtype=np.uint8)
+        seg.data[L.staging(k) : L.staging(k) + nbytes] = np.frombuffer(data, dtype=np.uint8)
         ctrl[DESC + 2 * slot], ctrl[DESC + 2 * slot + 1], ctrl[PARTS + slot] = OP_CODES[op], nbytes, parts
         ctrl[DOORBELL] = seq
         time.sleep(0.002)
@@ -213,9 +229,12 @@ def _drive(nic: FakeNic, rank: int, start_loop, stop_loop, seed: int):
             assert time.monotonic() < deadline, f"step {k} not sent"
             time.sleep(0.0005)
         assert not errors, errors
-        snap = {p: bytes(nic.segments[p].data[L.inbox(k, rank):L.inbox(k, rank) + L.slot_bytes])
-                + bytes(nic.segments[p].data[L.flag(k, rank, 0):L.flag(k, rank, 0) + L.ndev * FLAG_BYTES])
-                for p in range(world) if p != rank}
+        snap = {
+            p: bytes(nic.segments[p].data[L.inbox(k, rank) : L.inbox(k, rank) + L.slot_bytes])
+            + bytes(nic.segments[p].data[L.flag(k, rank, 0) : L.flag(k, rank, 0) + L.ndev * FLAG_BYTES])
+            for p in range(world)
+            if p != rank
+        }
         landed.append((op, nbytes, data, snap))
     stop_loop()
     thread.join(10)
@@ -234,8 +253,15 @@ def _catch(fn, errors):
 
 def _run_native(lib, nic, rank, stripe_min):
     stop = threading.Event()
-    loop = nv.NativeLoop(lib, nic.segments[rank], wiring(nic, rank, stripe_min), _planner(nic, rank),
-                         ops_address=ctypes.addressof(nic.ops), timeout_s=10, idle_ns=2_000_000)
+    loop = nv.NativeLoop(
+        lib,
+        nic.segments[rank],
+        wiring(nic, rank, stripe_min),
+        _planner(nic, rank),
+        ops_address=ctypes.addressof(nic.ops),
+        timeout_s=10,
+        idle_ns=2_000_000,
+    )
     return _drive(nic, rank, lambda: loop.run(lambda: not stop.is_set()), stop.set, seed=rank)
 
 
@@ -266,12 +292,15 @@ def test_the_native_step_posts_and_lands_what_the_python_step_does(lib, tmp_path
         segments = _segments(tmp_path, world, width, name)
         nic = FakeNic(segments, ndev)
         try:
-            landed = {r: (_run_native(lib, nic, r, stripe_min) if name == "native" else _run_python(nic, r, stripe_min))
-                      for r in range(world)}
+            landed = {
+                r: (_run_native(lib, nic, r, stripe_min) if name == "native" else _run_python(nic, r, stripe_min)) for r in range(world)
+            }
             bases = [s.data_address for s in segments]
             # the log with addresses made relative to each segment, so the two runs compare
-            log = [(link, _rel(laddr, bases), _rel(raddr, bases), length, lkey, rkey, sig, wr_id)
-                   for link, laddr, raddr, length, lkey, rkey, sig, wr_id in nic.log]
+            log = [
+                (link, _rel(laddr, bases), _rel(raddr, bases), length, lkey, rkey, sig, wr_id)
+                for link, laddr, raddr, length, lkey, rkey, sig, wr_id in nic.log
+            ]
             results[name] = (landed, log)
         finally:
             for s in segments:
@@ -287,9 +316,9 @@ def test_the_native_step_posts_and_lands_what_the_python_step_does(lib, tmp_path
                 continue
             for p, raw in snap.items():
                 piece = nbytes // world
-                want = data[p * piece:(p + 1) * piece] if op == "reduce_scatter" else data
-                assert raw[:len(want)] == want, (rank, k, p)
-                flags = [int.from_bytes(raw[L.slot_bytes + 8 * d:L.slot_bytes + 8 * d + 8], "little") for d in range(width)]
+                want = data[p * piece : (p + 1) * piece] if op == "reduce_scatter" else data
+                assert raw[: len(want)] == want, (rank, k, p)
+                flags = [int.from_bytes(raw[L.slot_bytes + 8 * d : L.slot_bytes + 8 * d + 8], "little") for d in range(width)]
                 devs = {d for d, _, _ in stripes(len(want), width, stripe_min)}
                 assert all(flags[d] == seq_of(k) for d in devs), (rank, k, p, flags)
     if width < ndev:  # the ring: every write to a peer went over the one device that reaches it
@@ -307,8 +336,9 @@ def _one_step(lib, tmp_path, nic_setup, timeout_s=5.0):
     nic = FakeNic(segments, 1)
     w = wiring(nic, 0, 1 << 30)
     nic_setup(nic, w)
-    loop = nv.NativeLoop(lib, segments[0], w, _planner(nic, 0), ops_address=ctypes.addressof(nic.ops),
-                         timeout_s=timeout_s, idle_ns=2_000_000)
+    loop = nv.NativeLoop(
+        lib, segments[0], w, _planner(nic, 0), ops_address=ctypes.addressof(nic.ops), timeout_s=timeout_s, idle_ns=2_000_000
+    )
     ctrl = segments[0].control
     ctrl[DESC], ctrl[DESC + 1], ctrl[PARTS], ctrl[DOORBELL] = OP_CODES["all_reduce"], 256, 1, 1
     try:
@@ -383,8 +413,9 @@ def test_the_native_loop_keeps_the_heartbeat_fresh_for_eager_calls(lib, tmp_path
     """A rank's eager call trusts a fresh heartbeat instead of asking the kernel about the proxy process."""
     segments = _segments(tmp_path, 2, 1, "beat")
     nic = FakeNic(segments, 1)
-    loop = nv.NativeLoop(lib, segments[0], wiring(nic, 0, 1 << 30), _planner(nic, 0), ops_address=ctypes.addressof(nic.ops),
-                         timeout_s=5, idle_ns=2_000_000)
+    loop = nv.NativeLoop(
+        lib, segments[0], wiring(nic, 0, 1 << 30), _planner(nic, 0), ops_address=ctypes.addressof(nic.ops), timeout_s=5, idle_ns=2_000_000
+    )
     ctrl = segments[0].control
     try:
         ctrl[HEARTBEAT] = 0

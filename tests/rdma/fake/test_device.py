@@ -34,8 +34,16 @@ def make_dev(root, name, gids, state="4: ACTIVE", link_layer="Ethernet", port=1,
 
 
 def test_picks_roce_v2_gid_carrying_the_ipv4_address(tmp_path):
-    make_dev(tmp_path, "rocep1s0f1", [(LINK_LOCAL, "IB/RoCE v1", "enp1"), (LINK_LOCAL, "RoCE v2", "enp1"),
-                                      (v4(10, 0, 0, 1), "IB/RoCE v1", "enp1"), (v4(10, 0, 0, 1), "RoCE v2", "enp1")])
+    make_dev(
+        tmp_path,
+        "rocep1s0f1",
+        [
+            (LINK_LOCAL, "IB/RoCE v1", "enp1"),
+            (LINK_LOCAL, "RoCE v2", "enp1"),
+            (v4(10, 0, 0, 1), "IB/RoCE v1", "enp1"),
+            (v4(10, 0, 0, 1), "RoCE v2", "enp1"),
+        ],
+    )
     (dev,) = read_devices(tmp_path)
     port = dev.port(1)
     assert port.active and port.netdevs == ("enp1",) and len(port.gids) == 4  # empty slots skipped
@@ -44,8 +52,9 @@ def test_picks_roce_v2_gid_carrying_the_ipv4_address(tmp_path):
 
 
 def test_prefers_routable_over_loopback_and_honours_an_explicit_index(tmp_path):
-    make_dev(tmp_path, "rxe0", [(LINK_LOCAL, "RoCE v2", "lo"), (v4(127, 0, 0, 1), "RoCE v2", "lo"),
-                                (v4(10, 77, 0, 1), "RoCE v2", "dummy0")])
+    make_dev(
+        tmp_path, "rxe0", [(LINK_LOCAL, "RoCE v2", "lo"), (v4(127, 0, 0, 1), "RoCE v2", "lo"), (v4(10, 77, 0, 1), "RoCE v2", "dummy0")]
+    )
     port = read_devices(tmp_path)[0].port(1)
     assert select_gid(port).index == 2
     assert select_gid(port, 1).ipv4 == "127.0.0.1"

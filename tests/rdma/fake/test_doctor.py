@@ -23,8 +23,7 @@ class _Verbs:
 
 
 def test_report_on_a_fake_machine(tmp_path):
-    make_dev(tmp_path / "sys/class/infiniband", "rxe0",
-             [(v4(127, 0, 0, 1), "RoCE v2", "lo"), (v4(10, 77, 0, 1), "RoCE v2", "dummy0")])
+    make_dev(tmp_path / "sys/class/infiniband", "rxe0", [(v4(127, 0, 0, 1), "RoCE v2", "lo"), (v4(10, 77, 0, 1), "RoCE v2", "dummy0")])
     rows = {r.item: r for r in doctor(Host(root=tmp_path, verbs=_Verbs(), memlock=None, torch_nccl=None, addresses={}))}  # type: ignore[arg-type]
     assert rows["rxe0 port 1"].finding.startswith("ACTIVE, Ethernet, active MTU 1024")
     assert rows["rxe0 port 1"].data["gid_index"] == 1 and "GID 1 (10.77.0.1 on dummy0)" in rows["rxe0 port 1"].finding

@@ -17,22 +17,30 @@ def test_config_precedence_defaults_then_options_then_env():
     assert RdmaConfig.resolve({}, env={}) == RdmaConfig()
     cfg = RdmaConfig.resolve({"devices": ["a", "b"], "max_bytes": "1MiB", "timeout_s": 5}, env={})
     assert cfg.devices == ("a", "b") and cfg.max_bytes == 1 << 20 and cfg.timeout_s == 5.0
-    env = {"ARXTUNE_RDMA_DEVICES": "rxe1, rxe0", "ARXTUNE_RDMA_GID_INDEX": "3", "ARXTUNE_RDMA_PORT": "2",
-           "ARXTUNE_RDMA_MAX_BYTES": "64k", "ARXTUNE_RDMA_TIMEOUT_S": "0.5"}
+    env = {
+        "ARXTUNE_RDMA_DEVICES": "rxe1, rxe0",
+        "ARXTUNE_RDMA_GID_INDEX": "3",
+        "ARXTUNE_RDMA_PORT": "2",
+        "ARXTUNE_RDMA_MAX_BYTES": "64k",
+        "ARXTUNE_RDMA_TIMEOUT_S": "0.5",
+    }
     cfg = RdmaConfig.resolve({"devices": ["a"], "max_bytes": 1 << 20}, env=env)
     assert cfg == RdmaConfig(devices=("rxe1", "rxe0"), gid_index=3, port=2, max_bytes=65536, timeout_s=0.5)
     assert RdmaConfig.resolve({"gid_index": 1}, env={"ARXTUNE_RDMA_GID_INDEX": " "}).gid_index == 1
 
 
-@pytest.mark.parametrize("options, needle", [
-    ({"max_byte": 1}, "unknown option 'max_byte'"),
-    ({"max_bytes": 100}, "max_bytes must be a positive multiple of 64, got 100"),
-    ({"slots": 1}, "slots must be >= 2"),
-    ({"timeout_s": 0}, "timeout_s must be > 0"),
-    ({"max_bytes": "lots"}, "bad RDMA setting: not a byte size: 'lots'"),
-    ({"devices": "a,,b"}, "empty RDMA device name"),
-    ({"chunk_bytes": 1 << 30}, "chunk_bytes must be a multiple of 64 in"),
-])
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        ({"max_byte": 1}, "unknown option 'max_byte'"),
+        ({"max_bytes": 100}, "max_bytes must be a positive multiple of 64, got 100"),
+        ({"slots": 1}, "slots must be >= 2"),
+        ({"timeout_s": 0}, "timeout_s must be > 0"),
+        ({"max_bytes": "lots"}, "bad RDMA setting: not a byte size: 'lots'"),
+        ({"devices": "a,,b"}, "empty RDMA device name"),
+        ({"chunk_bytes": 1 << 30}, "chunk_bytes must be a multiple of 64 in"),
+    ],
+)
 def test_config_rejects_bad_settings_with_a_clear_error(options, needle):
     """Each bad setting gets the message that names it, not just any 'arx:' error."""
     with pytest.raises(ArxtuneError, match=re.escape(needle)):

@@ -56,10 +56,17 @@ def test_ring_of_three_reaches_each_neighbour_through_its_own_port_only():
 
 def test_spark_ring_stripes_each_neighbour_over_the_twins_of_one_port():
     """NVIDIA's layout: each twin of a cabled port in a subnet of its own; port 1 to the next box, port 2 to the previous."""
+
     def box(r):
         nxt, prv = r, (r - 1) % 3
-        return rank(r, dev("rocep1s0f1", f"192.168.{10 * nxt}.{r + 1}/24"), dev("roceP2p1s0f1", f"192.168.{10 * nxt + 1}.{r + 1}/24"),
-                    dev("rocep1s0f0", f"192.168.{10 * prv}.{r + 1}/24"), dev("roceP2p1s0f0", f"192.168.{10 * prv + 1}.{r + 1}/24"))
+        return rank(
+            r,
+            dev("rocep1s0f1", f"192.168.{10 * nxt}.{r + 1}/24"),
+            dev("roceP2p1s0f1", f"192.168.{10 * nxt + 1}.{r + 1}/24"),
+            dev("rocep1s0f0", f"192.168.{10 * prv}.{r + 1}/24"),
+            dev("roceP2p1s0f0", f"192.168.{10 * prv + 1}.{r + 1}/24"),
+        )
+
     group = [box(r) for r in range(3)]
     got = reach.routes(group, 1)
     assert [(link.local, link.remote) for link in got[2]] == [("rocep1s0f1", "rocep1s0f0"), ("roceP2p1s0f1", "roceP2p1s0f0")]
@@ -78,8 +85,10 @@ def test_switch_pairs_twins_in_one_subnet_one_to_one_in_the_same_order_on_both_s
 
 
 def test_one_twin_down_leaves_its_pairs_one_link_and_the_rest_two():
-    group = [rank(r, dev("t0", f"10.8.0.{2 * r + 1}/24"), dev("t1", f"10.8.0.{2 * r + 2}/24", state="DOWN" if r == 2 else "ACTIVE"))
-             for r in range(3)]
+    group = [
+        rank(r, dev("t0", f"10.8.0.{2 * r + 1}/24"), dev("t1", f"10.8.0.{2 * r + 2}/24", state="DOWN" if r == 2 else "ACTIVE"))
+        for r in range(3)
+    ]
     assert local_names(reach.routes(group, 0)[1]) == ["t0", "t1"]
     assert local_names(reach.routes(group, 0)[2]) == ["t0"]
     assert [link.remote for link in reach.routes(group, 0)[2]] == ["t0"]
@@ -144,9 +153,16 @@ def test_render_is_one_aligned_line_per_rank():
 
 # ---- facts read on a fake sysfs tree ------------------------------------------------------
 def fake_tree(tmp_path):
-    make_dev(tmp_path, "rxe0", [("fe80:0000:0000:0000:5054:00ff:fe12:3456", "RoCE v2", "eth0"),
-                                (v4(10, 77, 1, 1), "IB/RoCE v1", "eth0"), (v4(10, 77, 1, 1), "RoCE v2", "eth0"),
-                                (v4(10, 99, 0, 1), "RoCE v2", "eth0")])  # a GID whose address left the netdev
+    make_dev(
+        tmp_path,
+        "rxe0",
+        [
+            ("fe80:0000:0000:0000:5054:00ff:fe12:3456", "RoCE v2", "eth0"),
+            (v4(10, 77, 1, 1), "IB/RoCE v1", "eth0"),
+            (v4(10, 77, 1, 1), "RoCE v2", "eth0"),
+            (v4(10, 99, 0, 1), "RoCE v2", "eth0"),
+        ],
+    )  # a GID whose address left the netdev
     make_dev(tmp_path, "rxe1", [(v4(10, 77, 2, 1), "RoCE v2", "eth1")], state="1: DOWN")
     make_dev(tmp_path, "ib0", [(v4(10, 5, 0, 1), "RoCE v2", "ib0")], link_layer="InfiniBand")
     return read_devices(tmp_path)

@@ -33,8 +33,22 @@ FORMAT, VERSION = "arxtune-arxg-kernel", 1
 #: Triton argument types -> bytes of their parameter; pointers are 8
 TYPE_BYTES = {"i1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "fp32": 4, "fp64": 8}
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)(?:\s+\.ptr(?:\s+\.\w+)*(?:\s+\.align\s+\d+)?)?\s+(\w+)(?:\[(\d+)\])?")
-_BITS = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "u32": 4, "s32": 4, "b32": 4, "f32": 4,
-         "u64": 8, "s64": 8, "b64": 8, "f64": 8}
+_BITS = {
+    "u8": 1,
+    "s8": 1,
+    "b8": 1,
+    "u16": 2,
+    "s16": 2,
+    "b16": 2,
+    "u32": 4,
+    "s32": 4,
+    "b32": 4,
+    "f32": 4,
+    "u64": 8,
+    "s64": 8,
+    "b64": 8,
+    "f64": 8,
+}
 
 
 class AbiError(ValueError):
@@ -86,12 +100,13 @@ class KernelImage:
             raise AbiError(f"{self.name}: the compiled entry has {len(self.params)} parameters for {n} arguments")
         for i, (arg, kind) in enumerate(self.args):
             if arg_bytes(kind) != self.params[i]:
-                raise AbiError(f"{self.name}: argument {arg} ({kind}) does not fit parameter {i} of "
-                               f"{self.params[i]} bytes")
+                raise AbiError(f"{self.name}: argument {arg} ({kind}) does not fit parameter {i} of {self.params[i]} bytes")
         extra = self.params[n:]
         if len(extra) > len(self.scratch) or any(size != 8 for size in extra):
-            raise AbiError(f"{self.name}: {len(extra)} parameters after the arguments ({list(extra)} bytes), but the "
-                           f"kernel names {len(self.scratch)} scratch kinds ({', '.join(self.scratch) or 'none'})")
+            raise AbiError(
+                f"{self.name}: {len(extra)} parameters after the arguments ({list(extra)} bytes), but the "
+                f"kernel names {len(self.scratch)} scratch kinds ({', '.join(self.scratch) or 'none'})"
+            )
         used = {k: v for k, v in self.scratch.items() if v}
         if used:
             raise AbiError(f"{self.name}: needs scratch memory {used}; this launcher passes none")

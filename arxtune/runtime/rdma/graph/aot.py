@@ -36,8 +36,16 @@ OPS = {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 2}
 MIN_TRITON = (3, 3)
 
 _POINTERS = ("inp", "out", "staging", "sources", "flags", "ctrl", "counter")
-_SCALARS = {"rank": "i32", "n_stage": "i32", "n_part": "i32", "slot_elems": "i32", "nbytes": "i32",
-            "ndev_used": "i32", "op_code": "i32", "timeout_ns": "i64"}
+_SCALARS = {
+    "rank": "i32",
+    "n_stage": "i32",
+    "n_part": "i32",
+    "slot_elems": "i32",
+    "nbytes": "i32",
+    "ndev_used": "i32",
+    "op_code": "i32",
+    "timeout_ns": "i64",
+}
 #: counts a 16-aligned build may assume divisible by 16 (as Triton's launcher marks such integers)
 _ALIGNED_COUNTS = ("n_stage", "n_part", "slot_elems")
 
@@ -78,8 +86,16 @@ def _source(v: Variant):
         sig = {"ctrl": "*i64", "counter": "*i64", "op_code": "i32", "timeout_ns": "i64"}
         return kernels.handshake_kernel, ASTSource(kernels.handshake_kernel, sig, attrs={}), 1
     fn, elem = kernels.collective_kernel, ELEMENTS[v.dtype]
-    types = {"inp": f"*{elem}", "out": f"*{elem}", "staging": f"*{elem}", "sources": "*i64", "flags": "*i64",
-             "ctrl": "*i64", "counter": "*i64", **_SCALARS}
+    types = {
+        "inp": f"*{elem}",
+        "out": f"*{elem}",
+        "staging": f"*{elem}",
+        "sources": "*i64",
+        "flags": "*i64",
+        "ctrl": "*i64",
+        "counter": "*i64",
+        **_SCALARS,
+    }
     constexprs = {"OP": OPS[v.op], "WORLD": v.world, "NDEV": v.ndev, "INT_ACC": v.dtype == "int32", "BLOCK": abi.BLOCK}
     signature = {name: types.get(name, "constexpr") for name in fn.arg_names}
     hinted = (*_POINTERS, *_ALIGNED_COUNTS) if v.aligned else ()
@@ -109,22 +125,30 @@ def build_variant(v: Variant, capability: int, source_hash: str = "") -> abi.Ker
     from triton.backends.compiler import GPUTarget
 
     if triton_too_old(triton.__version__):
-        raise RuntimeError(f"Triton {triton.__version__} is older than {'.'.join(map(str, MIN_TRITON))}, "
-                           "whose compile API this build uses")
+        raise RuntimeError(f"Triton {triton.__version__} is older than {'.'.join(map(str, MIN_TRITON))}, whose compile API this build uses")
     fn, src, warps = _source(v)
     compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": warps})
     md = compiled.metadata
     meta = md._asdict() if hasattr(md, "_asdict") else dict(vars(md))
     name = meta.get("name", fn.__name__)
     image = abi.KernelImage(
-        name=name, variant=v.name, arch=arch_name(capability), source=source_hash, triton=triton.__version__,
-        num_warps=int(meta.get("num_warps", warps)), shared=int(meta.get("shared", 0) or 0),
+        name=name,
+        variant=v.name,
+        arch=arch_name(capability),
+        source=source_hash,
+        triton=triton.__version__,
+        num_warps=int(meta.get("num_warps", warps)),
+        shared=int(meta.get("shared", 0) or 0),
         args=tuple((k, t) for k, t in src.signature.items() if t != "constexpr"),
         params=tuple(abi.entry_params(compiled.asm["ptx"], name)),
         scratch={k: int(val or 0) for k, val in meta.items() if k.endswith("_scratch_size")},
-        launch={"num_ctas": int(meta.get("num_ctas", 1) or 1), "cooperative": bool(meta.get("launch_cooperative_grid")),
-                "pdl": bool(meta.get("launch_pdl"))},
-        cubin=compiled.asm["cubin"])
+        launch={
+            "num_ctas": int(meta.get("num_ctas", 1) or 1),
+            "cooperative": bool(meta.get("launch_cooperative_grid")),
+            "pdl": bool(meta.get("launch_pdl")),
+        },
+        cubin=compiled.asm["cubin"],
+    )
     image.check()
     return image
 
@@ -155,8 +179,11 @@ def local_build_line(capability: int, compile_one=None) -> str:
     except Exception as exc:  # doctor reports, it never fails
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         ptxas = os.environ.get("TRITON_PTXAS_PATH")
-        hint = (f"TRITON_PTXAS_PATH={ptxas} is set: that ptxas must know {arch}" if ptxas else
-                f"if its ptxas is too old for {arch}, set TRITON_PTXAS_PATH to a newer ptxas (CUDA 13's knows sm_121a)")
+        hint = (
+            f"TRITON_PTXAS_PATH={ptxas} is set: that ptxas must know {arch}"
+            if ptxas
+            else f"if its ptxas is too old for {arch}, set TRITON_PTXAS_PATH to a newer ptxas (CUDA 13's knows sm_121a)"
+        )
         return f"Triton {version} cannot build for {arch}: {first[:200]}; {hint}"
     via = f" (ptxas from TRITON_PTXAS_PATH={os.environ['TRITON_PTXAS_PATH']})" if os.environ.get("TRITON_PTXAS_PATH") else ""
     return f"Triton {version} builds arxg's handshake kernel for {arch} here{via}"
@@ -165,8 +192,9 @@ def local_build_line(capability: int, compile_one=None) -> str:
 def main(argv: list[str] | None = None) -> int:
     from arxtune.runtime.rdma.graph import images
 
-    ap = argparse.ArgumentParser(description="Build arxg's kernels for a GPU arch into a directory that "
-                                 "ARXTUNE_ARXG_KERNELS can point at (no GPU needed).")
+    ap = argparse.ArgumentParser(
+        description="Build arxg's kernels for a GPU arch into a directory that ARXTUNE_ARXG_KERNELS can point at (no GPU needed)."
+    )
     ap.add_argument("--arch", required=True, choices=sorted(TARGETS), help="the GPU's arch, e.g. sm_121a (GB10)")
     ap.add_argument("--world", type=int, nargs="+", default=[2], help="world sizes to build for (default 2)")
     ap.add_argument("--ndev", type=int, nargs="+", default=[1, 2], help="RDMA devices per rank (default 1 2)")

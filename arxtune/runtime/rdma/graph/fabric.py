@@ -57,8 +57,11 @@ def open_fabric(own: Segment, rank: int, world: int, exchange) -> ShmFabric:
 
     A rank that cannot take part still joins the exchange with its reason, so every
     rank raises the same error instead of waiting for it."""
-    error = None if platform.machine() in ("x86_64", "AMD64") else (
-        f"arxg: the shared-memory fabric relies on x86-64 memory order; this is {platform.machine()}: use transport = 'verbs'")
+    error = (
+        None
+        if platform.machine() in ("x86_64", "AMD64")
+        else (f"arxg: the shared-memory fabric relies on x86-64 memory order; this is {platform.machine()}: use transport = 'verbs'")
+    )
     infos = exchange({"host": socket.gethostname(), "path": own.path, "error": error})
     hosts = sorted({i.get("host") for i in infos})
     if len(hosts) > 1 and error is None:

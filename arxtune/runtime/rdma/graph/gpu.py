@@ -63,8 +63,15 @@ def address(value) -> int:
 
 
 class GpuRank:
-    def __init__(self, session: Session, device: torch.device, memory: str = "auto", launch: str = "native",
-                 attributes=_memory.read_attributes, obtain=images.obtain):
+    def __init__(
+        self,
+        session: Session,
+        device: torch.device,
+        memory: str = "auto",
+        launch: str = "native",
+        attributes=_memory.read_attributes,
+        obtain=images.obtain,
+    ):
         """`memory`: "auto", "registered" or "direct" (memory.py), from what `attributes(ordinal)` reads of the
         device; `launch`: "native" or "triton"; `obtain(variant, capability)` finds or builds a kernel image
         (images.obtain). RdmaUnavailable says why this device cannot run arxg."""
@@ -77,8 +84,10 @@ class GpuRank:
         self.index = device.index if device.index is not None else torch.cuda.current_device()
         self.memory = _memory.choose(attributes(self.index), memory)
         if self.memory.mode == "direct" and launch == "triton":
-            raise RdmaUnavailable("arxg: Triton's own launch path asks the driver about every pointer, which pageable "
-                                  "memory fails: the direct memory mode needs launch = 'native'")
+            raise RdmaUnavailable(
+                "arxg: Triton's own launch path asks the driver about every pointer, which pageable "
+                "memory fails: the direct memory mode needs launch = 'native'"
+            )
         self.k = None
         if launch == "triton":
             try:
@@ -125,12 +134,13 @@ class GpuRank:
                 raise
 
     def _register(self, segment) -> None:
-        rc = torch.cuda.cudart().cudaHostRegister(segment.address, segment.size,
-                                                  _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
+        rc = torch.cuda.cudart().cudaHostRegister(segment.address, segment.size, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
         if int(rc) != 0:
             self._unregister()
-            raise RdmaUnavailable(f"arxg: cudaHostRegister of a shared segment failed (error {int(rc)}) in memory mode "
-                                  f"{self.memory}; the GPU cannot reach host memory this way")
+            raise RdmaUnavailable(
+                f"arxg: cudaHostRegister of a shared segment failed (error {int(rc)}) in memory mode "
+                f"{self.memory}; the GPU cannot reach host memory this way"
+            )
         self._registered.append(segment.address)
 
     def _sources(self) -> torch.Tensor:
@@ -166,11 +176,27 @@ class GpuRank:
         n_part = inbox_bytes(op, nbytes, s.world) // inp.element_size()
         blocks = max(cdiv(n_in, abi.BLOCK), cdiv(n_part, abi.BLOCK))
         return (min(blocks, self.max_programs),), dict(
-            inp=inp, out=out, staging=self._ptr(L.staging(0), inp.dtype), sources=self.sources, flags=self.flags,
-            ctrl=self.ctrl, counter=self.counter, rank=s.rank, n_stage=n_in, n_part=n_part,
-            slot_elems=L.slot_bytes // inp.element_size(), nbytes=nbytes, ndev_used=s.flag_devices(op, nbytes),
-            op_code=OP_CODES[op], timeout_ns=self.timeout_ns, OP=OP_CODES[op], WORLD=s.world, NDEV=L.ndev,
-            INT_ACC=not inp.dtype.is_floating_point, BLOCK=abi.BLOCK)
+            inp=inp,
+            out=out,
+            staging=self._ptr(L.staging(0), inp.dtype),
+            sources=self.sources,
+            flags=self.flags,
+            ctrl=self.ctrl,
+            counter=self.counter,
+            rank=s.rank,
+            n_stage=n_in,
+            n_part=n_part,
+            slot_elems=L.slot_bytes // inp.element_size(),
+            nbytes=nbytes,
+            ndev_used=s.flag_devices(op, nbytes),
+            op_code=OP_CODES[op],
+            timeout_ns=self.timeout_ns,
+            OP=OP_CODES[op],
+            WORLD=s.world,
+            NDEV=L.ndev,
+            INT_ACC=not inp.dtype.is_floating_point,
+            BLOCK=abi.BLOCK,
+        )
 
     def _function(self, variant: Variant) -> tuple[int, abi.KernelImage]:
         """The loaded kernel of `variant` (found or built at its first use, then loaded into this device's context)."""
@@ -196,8 +222,9 @@ class GpuRank:
 
     def _pack(self, image: abi.KernelImage, func: int, grid: tuple[int, ...], named: dict) -> cudadrv.Launch:
         values = image.values({k: address(v) for k, v in named.items()})
-        return cudadrv.Launch(func, grid, (32 * image.num_warps,), image.shared, image.params, values, ctx=self.ctx,
-                              wake=self._wake, entries=self._entries)
+        return cudadrv.Launch(
+            func, grid, (32 * image.num_warps,), image.shared, image.params, values, ctx=self.ctx, wake=self._wake, entries=self._entries
+        )
 
     def prepare(self, op: str, inp: torch.Tensor, out: torch.Tensor) -> cudadrv.Launch:
         """The packed launch of `op` on this buffer pair (made once, then kept)."""
@@ -207,8 +234,14 @@ class GpuRank:
             if out.dtype != inp.dtype:
                 raise ValueError(f"arxg: {op} needs one dtype, not {inp.dtype} in and {out.dtype} out")
             grid, named = self._collective_args(op, inp, out)
-            variant = Variant("collective", op, str(inp.dtype).removeprefix("torch."), self.s.world, self.s.layout.ndev,
-                              aligned({k: address(v) for k, v in named.items()}))
+            variant = Variant(
+                "collective",
+                op,
+                str(inp.dtype).removeprefix("torch."),
+                self.s.world,
+                self.s.layout.ndev,
+                aligned({k: address(v) for k, v in named.items()}),
+            )
             func, image = self._function(variant)
             if len(self._packed) >= MAX_PACKED:
                 self._packed.clear()
@@ -298,5 +331,4 @@ class Rotation:
     def _decode(self, calls: int, busy, start=None, end=None) -> None:
         """`calls` times a busy kernel then the op, launched back to back from C (the decode view)."""
         self.rank.s.quick_check()
-        cudadrv.burst(self.launches, calls, cudadrv.current_stream(self.rank.index), before=busy.launch, start=start,
-                      end=end)
+        cudadrv.burst(self.launches, calls, cudadrv.current_stream(self.rank.index), before=busy.launch, start=start, end=end)

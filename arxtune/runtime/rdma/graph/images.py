@@ -91,8 +91,9 @@ def _why_no_build(capability: int) -> str | None:
     return None
 
 
-def obtain(variant, capability: int, build=_default_build, searched: list[Store] | None = None,
-           why_no_build=_why_no_build) -> tuple[KernelImage, str]:
+def obtain(
+    variant, capability: int, build=_default_build, searched: list[Store] | None = None, why_no_build=_why_no_build
+) -> tuple[KernelImage, str]:
     """(the image of `variant` for compute capability `capability`, where it came from).
 
     RdmaUnavailable says what is missing and how to make a build elsewhere."""
@@ -126,7 +127,8 @@ def obtain(variant, capability: int, build=_default_build, searched: list[Store]
         f"arxg: no build of {variant.name} for {arch} (kernel source {source}) in {', '.join(str(s.root) for s in searched)}, "
         f"and {why}. Build one on a machine whose Triton (>= 3.6) knows {arch}: python -m arxtune.runtime.rdma.graph.aot "
         f"--arch {arch} --world {variant.world} --ndev {variant.ndev} --out DIR, copy DIR here and set "
-        f"{env.ARXG_KERNELS.name}=DIR")
+        f"{env.ARXG_KERNELS.name}=DIR"
+    )
 
 
 def doctor_line(capability: int, build=_default_build) -> str:

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from arxtune.runtime.rdma.graph import segment as _seg
+
 # BLOCK: elements per program; MAX_WORLD: ranks the sources table has room for; NUM_WARPS: one warp per
 # program, since Triton runs scalar code on every warp, so each extra warp of the polling program adds a
 # read of host memory to every poll (4 warps doubled a handshake on the H200).
@@ -43,7 +44,8 @@ ERR_PROXY_TIMEOUT = tl.constexpr(_seg.ERR_PROXY_TIMEOUT)
 def _load_sys(ptr):
     """Acquire-load a word of host memory. Triton runs scalar code on every thread, and 128 threads
     polling a host word cost 128 PCIe reads a poll: lane 0 of each warp reads and broadcasts."""
-    return tl.inline_asm_elementwise("""{
+    return tl.inline_asm_elementwise(
+        """{
         .reg .pred p;
         .reg .u32 lane;
         .reg .b32 lo, hi;
@@ -55,39 +57,60 @@ def _load_sys(ptr):
         shfl.sync.idx.b32 lo, lo, 0, 0x1f, 0xffffffff;
         shfl.sync.idx.b32 hi, hi, 0, 0x1f, 0xffffffff;
         mov.b64 $0, {lo, hi};
-    }""", "=l,l", [ptr], dtype=tl.int64, is_pure=False, pack=1)
+    }""",
+        "=l,l",
+        [ptr],
+        dtype=tl.int64,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
 def _store_sys(ptr, value):
     """Release-store a word of host memory, from thread 0 of the program only."""
-    tl.inline_asm_elementwise("""{
+    tl.inline_asm_elementwise(
+        """{
         .reg .pred p;
         .reg .u32 tid;
         mov.u32 tid, %tid.x;
         setp.eq.u32 p, tid, 0;
         @p st.release.sys.global.u64 [$1], $2;
         mov.u32 $0, 0;
-    }""", "=r,l,l", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+    }""",
+        "=r,l,l",
+        [ptr, value],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
 def _store_sys_relaxed(ptr, value):
     """Store a word of host memory from thread 0, unordered (a release store follows it)."""
-    tl.inline_asm_elementwise("""{
+    tl.inline_asm_elementwise(
+        """{
         .reg .pred p;
         .reg .u32 tid;
         mov.u32 tid, %tid.x;
         setp.eq.u32 p, tid, 0;
         @p st.relaxed.sys.global.u64 [$1], $2;
         mov.u32 $0, 0;
-    }""", "=r,l,l", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+    }""",
+        "=r,l,l",
+        [ptr, value],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
 def _load_gpu(ptr):
     """Acquire-load a word of device memory (lane 0 of each warp, broadcast)."""
-    return tl.inline_asm_elementwise("""{
+    return tl.inline_asm_elementwise(
+        """{
         .reg .pred p;
         .reg .u32 lane;
         .reg .b32 lo, hi;
@@ -99,20 +122,33 @@ def _load_gpu(ptr):
         shfl.sync.idx.b32 lo, lo, 0, 0x1f, 0xffffffff;
         shfl.sync.idx.b32 hi, hi, 0, 0x1f, 0xffffffff;
         mov.b64 $0, {lo, hi};
-    }""", "=l,l", [ptr], dtype=tl.int64, is_pure=False, pack=1)
+    }""",
+        "=l,l",
+        [ptr],
+        dtype=tl.int64,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
 def _store_gpu(ptr, value):
     """Release-store a word of device memory from thread 0."""
-    tl.inline_asm_elementwise("""{
+    tl.inline_asm_elementwise(
+        """{
         .reg .pred p;
         .reg .u32 tid;
         mov.u32 tid, %tid.x;
         setp.eq.u32 p, tid, 0;
         @p st.release.gpu.global.u64 [$1], $2;
         mov.u32 $0, 0;
-    }""", "=r,l,l", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+    }""",
+        "=r,l,l",
+        [ptr, value],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -178,9 +214,28 @@ def _gate_wait(gate, seq, deadline):
 # Not specialised on the rank: ranks sharing a process (tests, benchmarks) must share one compiled
 # kernel, since loading a second one waits for the GPU to idle while the first spins for its peer.
 @triton.jit(do_not_specialize=["rank"])
-def collective_kernel(inp, out, staging, sources, flags, ctrl, counter, rank, n_stage, n_part, slot_elems, nbytes,
-                      ndev_used, op_code, timeout_ns, OP: tl.constexpr, WORLD: tl.constexpr, NDEV: tl.constexpr,
-                      INT_ACC: tl.constexpr, BLOCK: tl.constexpr):  # noqa: F811 (Triton's constexpr, given abi.BLOCK)
+def collective_kernel(
+    inp,
+    out,
+    staging,
+    sources,
+    flags,
+    ctrl,
+    counter,
+    rank,
+    n_stage,
+    n_part,
+    slot_elems,
+    nbytes,
+    ndev_used,
+    op_code,
+    timeout_ns,
+    OP: tl.constexpr,
+    WORLD: tl.constexpr,
+    NDEV: tl.constexpr,
+    INT_ACC: tl.constexpr,
+    BLOCK: tl.constexpr,  # noqa: F811 (Triton's constexpr, given abi.BLOCK)
+):
     """One collective in one kernel: stage, ring, wait for the peers' flags, finish.
 
     The grid is persistent (at most one program per multiprocessor: gpu.py caps it) so every program is resident while program 0 spins: each program loops
@@ -234,8 +289,7 @@ def collective_kernel(inp, out, staging, sources, flags, ctrl, counter, rank, n_
             if src != rank:
                 for dev in tl.static_range(NDEV):
                     if (dev < ndev_used) & ok:
-                        ok = _wait_at_least(flags + (slot * WORLD + src) * NDEV + dev, seq, ctrl, deadline,
-                                            ERR_PEER_TIMEOUT, src)
+                        ok = _wait_at_least(flags + (slot * WORLD + src) * NDEV + dev, seq, ctrl, deadline, ERR_PEER_TIMEOUT, src)
         _store_gpu(counter + 3, tl.where(ok, seq, -seq))
     else:
         ok = _gate_wait(counter + 3, seq, deadline)

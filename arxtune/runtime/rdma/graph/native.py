@@ -35,9 +35,16 @@ PARENT_CHECK_NS = 500_000_000
 class Wait(ctypes.Structure):
     """arxg_wait in arxg_wait.h: the policy, the segment's words it uses, and what the loop did."""
 
-    _fields_ = [("spin_ns", ctypes.c_int64), ("nap_ns", ctypes.c_int64), ("asleep", ctypes.c_void_p),
-                ("wake", ctypes.c_void_p), ("beat", ctypes.c_void_p), ("active", ctypes.c_int64),
-                ("naps", ctypes.c_int64), ("wakes", ctypes.c_int64)]
+    _fields_ = [
+        ("spin_ns", ctypes.c_int64),
+        ("nap_ns", ctypes.c_int64),
+        ("asleep", ctypes.c_void_p),
+        ("wake", ctypes.c_void_p),
+        ("beat", ctypes.c_void_p),
+        ("active", ctypes.c_int64),
+        ("naps", ctypes.c_int64),
+        ("wakes", ctypes.c_int64),
+    ]
 
 
 def policy_ns(environ=None) -> tuple[int, int]:
@@ -56,13 +63,17 @@ def wait_policy(seg: Segment, environ=None) -> Wait:
     import time
 
     spin, nap = policy_ns(environ)
-    return Wait(spin, nap, seg.address + 8 * ASLEEP, seg.address + 8 * WAKE, seg.address + 8 * HEARTBEAT,
-                time.monotonic_ns(), 0, 0)
+    return Wait(spin, nap, seg.address + 8 * ASLEEP, seg.address + 8 * WAKE, seg.address + 8 * HEARTBEAT, time.monotonic_ns(), 0, 0)
 
 
 class Step(ctypes.Structure):
-    _fields_ = [("op", ctypes.c_int64), ("nbytes", ctypes.c_int64), ("slot", ctypes.c_int64), ("nflags", ctypes.c_int64),
-                ("flags", ctypes.c_int64 * MAX_FLAGS)]
+    _fields_ = [
+        ("op", ctypes.c_int64),
+        ("nbytes", ctypes.c_int64),
+        ("slot", ctypes.c_int64),
+        ("nflags", ctypes.c_int64),
+        ("flags", ctypes.c_int64 * MAX_FLAGS),
+    ]
 
 
 def build() -> Path:
@@ -90,8 +101,7 @@ def load():
     fn = lib.arxg_serve_shm
     i64 = ctypes.c_int64
     fn.restype = i64
-    fn.argtypes = [ctypes.c_void_p, i64, i64, i64, i64, i64, i64, ctypes.POINTER(Step), i64, ctypes.POINTER(Wait), i64,
-                   ctypes.POINTER(i64)]
+    fn.argtypes = [ctypes.c_void_p, i64, i64, i64, i64, i64, i64, ctypes.POINTER(Step), i64, ctypes.POINTER(Wait), i64, ctypes.POINTER(i64)]
     return fn
 
 
@@ -105,8 +115,7 @@ def serve(fn, seg: Segment, fabric, plan_step, parent: int) -> None:
     miss = (ctypes.c_int64 * 3)()
     wait = wait_policy(seg)
     while True:
-        rc = fn(seg.address, DOORBELL, DESC, PARTS, BELLS, SENT, L.slots, table, used, ctypes.byref(wait),
-                PARENT_CHECK_NS, miss)
+        rc = fn(seg.address, DOORBELL, DESC, PARTS, BELLS, SENT, L.slots, table, used, ctypes.byref(wait), PARENT_CHECK_NS, miss)
         if rc == IDLE:
             if os.getppid() != parent:
                 return

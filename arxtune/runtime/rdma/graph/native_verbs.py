@@ -56,15 +56,28 @@ class Post(ctypes.Structure):
 
 
 class VStep(ctypes.Structure):
-    _fields_ = [("op", i64), ("nbytes", i64), ("slot", i64), ("nposts", i64), ("flag_src", ctypes.c_void_p),
-                ("posts", Post * MAX_POSTS)]
+    _fields_ = [("op", i64), ("nbytes", i64), ("slot", i64), ("nposts", i64), ("flag_src", ctypes.c_void_p), ("posts", Post * MAX_POSTS)]
 
 
 class Loop(ctypes.Structure):
-    _fields_ = [("ctrl", ctypes.c_void_p), ("doorbell", i64), ("desc", i64), ("parts", i64), ("bells", i64),
-                ("sent", i64), ("heartbeat", i64), ("slots", i64), ("qps", ctypes.POINTER(ctypes.c_void_p)),
-                ("cqs", ctypes.POINTER(ctypes.c_void_p)), ("ncqs", i64), ("ops", ctypes.c_void_p),
-                ("wait", ctypes.c_void_p), ("reap_spins", i64), ("idle_ns", i64), ("timeout_ns", i64)]
+    _fields_ = [
+        ("ctrl", ctypes.c_void_p),
+        ("doorbell", i64),
+        ("desc", i64),
+        ("parts", i64),
+        ("bells", i64),
+        ("sent", i64),
+        ("heartbeat", i64),
+        ("slots", i64),
+        ("qps", ctypes.POINTER(ctypes.c_void_p)),
+        ("cqs", ctypes.POINTER(ctypes.c_void_p)),
+        ("ncqs", i64),
+        ("ops", ctypes.c_void_p),
+        ("wait", ctypes.c_void_p),
+        ("reap_spins", i64),
+        ("idle_ns", i64),
+        ("timeout_ns", i64),
+    ]
 
 
 @dataclass
@@ -137,13 +150,13 @@ def qp_handle(lib, qp) -> int:
 
     def fits(addr: int) -> bool:
         raw = _read(mem, addr, qp_size)
-        if raw is None or int.from_bytes(raw[num_at:num_at + 4], "little") != want:
+        if raw is None or int.from_bytes(raw[num_at : num_at + 4], "little") != want:
             return False
-        if int.from_bytes(raw[type_at:type_at + 4], "little") != rc_type:
+        if int.from_bytes(raw[type_at : type_at + 4], "little") != rc_type:
             return False
-        ctx, scq = (int.from_bytes(raw[a:a + 8], "little") for a in (ctx_at, scq_at))
+        ctx, scq = (int.from_bytes(raw[a : a + 8], "little") for a in (ctx_at, scq_at))
         cq = _read(mem, scq, cq_size)
-        return ctx != 0 and cq is not None and int.from_bytes(cq[cq_ctx_at:cq_ctx_at + 8], "little") == ctx
+        return ctx != 0 and cq is not None and int.from_bytes(cq[cq_ctx_at : cq_ctx_at + 8], "little") == ctx
 
     mem = os.open("/proc/self/mem", os.O_RDONLY)
     try:
@@ -153,7 +166,7 @@ def qp_handle(lib, qp) -> int:
                 return exposed
             raise Unavailable(f"pyverbs's QP.qp ({exposed:#x}) is not an RC ibv_qp with qp_num {want}")
         words = ctypes.string_at(id(qp), type(qp).__basicsize__)
-        found = {w for i in range(0, len(words) - 7, 8) if fits(w := int.from_bytes(words[i:i + 8], "little"))}
+        found = {w for i in range(0, len(words) - 7, 8) if fits(w := int.from_bytes(words[i : i + 8], "little"))}
     finally:
         os.close(mem)
     if len(found) != 1:
@@ -184,9 +197,19 @@ def wiring_of(transport, lib) -> Wiring:
         for dev, link in zip(transport.lanes[peer], transport.links[peer]):
             theirs = transport.remote[peer]["nics"][link.remote]
             remote[(dev, peer)] = (int(theirs["addr"]), int(theirs["rkey"]))
-    return Wiring(transport.layout, transport.rank, transport.base, transport.cfg.stripe_min_bytes, qps, cqs,
-                  [int(n.mr.lkey) for n in transport.nics], remote, [n.name for n in transport.nics], links,
-                  {peer: list(transport.lanes[peer]) for peer in transport.peers})
+    return Wiring(
+        transport.layout,
+        transport.rank,
+        transport.base,
+        transport.cfg.stripe_min_bytes,
+        qps,
+        cqs,
+        [int(n.mr.lkey) for n in transport.nics],
+        remote,
+        [n.name for n in transport.nics],
+        links,
+        {peer: list(transport.lanes[peer]) for peer in transport.peers},
+    )
 
 
 # ---- planning ---------------------------------------------------------------------------
@@ -210,8 +233,16 @@ def plan_writes(w: Wiring, slot: int, puts) -> list[tuple[tuple[int, int], list[
 class NativeLoop:
     """The C loop bound to one segment and one wiring; `run` serves until `alive()` says no."""
 
-    def __init__(self, lib, seg: Segment, wiring: Wiring, plan_step: Callable, ops_address: int | None = None,
-                 timeout_s: float = 10.0, idle_ns: int = IDLE_NS):
+    def __init__(
+        self,
+        lib,
+        seg: Segment,
+        wiring: Wiring,
+        plan_step: Callable,
+        ops_address: int | None = None,
+        timeout_s: float = 10.0,
+        idle_ns: int = IDLE_NS,
+    ):
         self.lib, self.seg, self.w, self.plan_step = lib, seg, wiring, plan_step
         keys = sorted(wiring.qps)
         self.qp_index = {k: i for i, k in enumerate(keys)}
@@ -220,8 +251,24 @@ class NativeLoop:
         ops = lib.arxg_verbs_real_ops() if ops_address is None else ops_address
         L = seg.layout
         self.wait = wait_policy(seg)
-        self.loop = Loop(seg.address, DOORBELL, DESC, PARTS, BELLS, SENT, HEARTBEAT, L.slots, self.qps, self.cqs, len(wiring.cqs),
-                         ops, ctypes.addressof(self.wait), REAP_SPINS, idle_ns, int(timeout_s * 1e9))
+        self.loop = Loop(
+            seg.address,
+            DOORBELL,
+            DESC,
+            PARTS,
+            BELLS,
+            SENT,
+            HEARTBEAT,
+            L.slots,
+            self.qps,
+            self.cqs,
+            len(wiring.cqs),
+            ops,
+            ctypes.addressof(self.wait),
+            REAP_SPINS,
+            idle_ns,
+            int(timeout_s * 1e9),
+        )
         self.table, self.used = (VStep * TABLE_SIZE)(), 0
         self.out = (i64 * 4)()
 
@@ -238,8 +285,10 @@ class NativeLoop:
                 raise self._failure()
             elif rc == TIMEOUT:
                 step, pending = int(self.out[0]), int(self.out[1])
-                raise RdmaTimeout(f"arx: writes of step {step} not acknowledged within {self.loop.timeout_ns / 1e9:g} s "
-                                  f"({pending} completions missing)", op=self._op(step))
+                raise RdmaTimeout(
+                    f"arx: writes of step {step} not acknowledged within {self.loop.timeout_ns / 1e9:g} s ({pending} completions missing)",
+                    op=self._op(step),
+                )
             else:
                 raise RdmaError(f"arxg: the verbs loop returned {rc}")
 
@@ -268,10 +317,15 @@ class NativeLoop:
         op = self._op(int(self.seg.control[SENT]))
         if kind == FAILED_POST:
             dev, peer = next(k for k, i in self.qp_index.items() if i == where)
-            return RdmaError(f"arx: posting a write failed: {os.strerror(code)} (errno {code})",
-                             device=self.w.devices[dev], peer=peer, op=op)
+            return RdmaError(
+                f"arx: posting a write failed: {os.strerror(code)} (errno {code})", device=self.w.devices[dev], peer=peer, op=op
+            )
         if code < 0:
             return RdmaError("arx: polling the completion queue failed", op=op)
         dev, peer = self.w.link_of_qpn.get(where, (None, None))
-        return RdmaError(f"arx: RDMA write failed: completion status {code} (vendor error {vendor}, qp {where})",
-                         device=None if dev is None else self.w.devices[dev], peer=peer, op=op)
+        return RdmaError(
+            f"arx: RDMA write failed: completion status {code} (vendor error {vendor}, qp {where})",
+            device=None if dev is None else self.w.devices[dev],
+            peer=peer,
+            op=op,
+        )

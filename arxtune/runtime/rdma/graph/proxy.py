@@ -29,8 +29,19 @@ from arxtune.runtime.rdma.errors import RdmaError, RdmaTimeout, RdmaUnavailable
 from arxtune.runtime.rdma.protocol import Layout
 from arxtune.runtime.rdma.graph import native, native_verbs
 from arxtune.runtime.rdma.graph.plan import plan
-from arxtune.runtime.rdma.graph.segment import (BELLS, DESC, DOORBELL, ERR_PROXY_FAILED, HEARTBEAT, MAX_PARTS, OP_NAMES, PARTS,
-                                                READY, SENT, Segment)
+from arxtune.runtime.rdma.graph.segment import (
+    BELLS,
+    DESC,
+    DOORBELL,
+    ERR_PROXY_FAILED,
+    HEARTBEAT,
+    MAX_PARTS,
+    OP_NAMES,
+    PARTS,
+    READY,
+    SENT,
+    Segment,
+)
 
 _PARENT_CHECK_NS = 500_000_000
 
@@ -125,8 +136,9 @@ class _Idle:
     the spin window after the last step, yielding the CPU now and then, then sleeps a nap between polls).
     Every 256th poll reads the clock into the heartbeat; says True once the parent has died."""
 
-    def __init__(self, parent: int, beat: ctypes.c_int64, spin_ns: int, nap: int, clock=time.monotonic_ns,
-                 sleep=time.sleep, parent_pid=os.getppid):
+    def __init__(
+        self, parent: int, beat: ctypes.c_int64, spin_ns: int, nap: int, clock=time.monotonic_ns, sleep=time.sleep, parent_pid=os.getppid
+    ):
         self.parent, self.beat, self.spin_ns, self.nap = parent, beat, spin_ns, nap
         self.clock, self.sleep, self.parent_pid = clock, sleep, parent_pid
         self.polls, self.active = 0, clock()
@@ -179,8 +191,7 @@ def _choose_loop(args: ProxyArgs, seg: Segment, transport, parent: int):
             try:
                 wiring = native_verbs.wiring_of(transport, lib)
             except native_verbs.Unavailable as exc:
-                print(f"arxg: the verbs proxy's C loop cannot bind pyverbs's handles ({exc}); using the Python loop",
-                      file=sys.stderr)
+                print(f"arxg: the verbs proxy's C loop cannot bind pyverbs's handles ({exc}); using the Python loop", file=sys.stderr)
             else:
                 fast = native_verbs.NativeLoop(lib, seg, wiring, plan_step, timeout_s=transport.timeout_s)
                 return (lambda: fast.run(lambda: os.getppid() == parent)), "native"
@@ -211,8 +222,7 @@ def main() -> int:
         loop()
     except Exception as exc:  # any failure must reach the rank through the segment, not vanish
         peer = getattr(exc, "peer", None)
-        seg.set_error(ERR_PROXY_FAILED, -1 if peer is None else peer, int(seg.control[SENT]) + 1,
-                      f"{type(exc).__name__}: {exc}")
+        seg.set_error(ERR_PROXY_FAILED, -1 if peer is None else peer, int(seg.control[SENT]) + 1, f"{type(exc).__name__}: {exc}")
         raise
     finally:
         transport.close()
@@ -233,8 +243,9 @@ class ProxyHandle:
 
         Raises RdmaUnavailable with the proxy's reason, or RdmaTimeout if it stays silent."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen([sys.executable, "-m", "arxtune.runtime.rdma.graph.proxy"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "arxtune.runtime.rdma.graph.proxy"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        )
         handle = cls(proc)
         try:
             _send(proc.stdin, args)
@@ -245,8 +256,9 @@ class ProxyHandle:
                 try:
                     kind, payload = _recv(proc.stdout)
                 except EOFError:
-                    raise RdmaUnavailable(f"arxg: the proxy exited during set-up (code {proc.wait()}); "
-                                          "its error is on stderr above") from None
+                    raise RdmaUnavailable(
+                        f"arxg: the proxy exited during set-up (code {proc.wait()}); its error is on stderr above"
+                    ) from None
                 if kind == "ready":
                     handle.loop = payload or ""
                     return handle

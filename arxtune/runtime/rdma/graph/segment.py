@@ -61,8 +61,9 @@ class Segment:
             if create:
                 os.ftruncate(fd, self.size)
             elif os.fstat(fd).st_size != self.size:
-                raise ValueError(f"segment {path} has {os.fstat(fd).st_size} bytes, expected {self.size} "
-                                 "(ranks disagree on world size or max_bytes)")
+                raise ValueError(
+                    f"segment {path} has {os.fstat(fd).st_size} bytes, expected {self.size} (ranks disagree on world size or max_bytes)"
+                )
             self._mm = mmap.mmap(fd, self.size)
         finally:
             os.close(fd)

@@ -25,8 +25,19 @@ from arxtune.runtime.rdma.protocol import Layout, stripes
 from arxtune.runtime.rdma.graph.native import policy_ns
 from arxtune.runtime.rdma.graph.plan import inbox_bytes
 from arxtune.runtime.rdma.graph.proxy import ProxyArgs, ProxyHandle
-from arxtune.runtime.rdma.graph.segment import (DESC, DOORBELL, ERR_PEER_TIMEOUT, ERR_PROXY_FAILED, ERR_PROXY_TIMEOUT, ERROR, HEARTBEAT,
-                      OP_NAMES, SENT, Segment, segment_path)
+from arxtune.runtime.rdma.graph.segment import (
+    DESC,
+    DOORBELL,
+    ERR_PEER_TIMEOUT,
+    ERR_PROXY_FAILED,
+    ERR_PROXY_TIMEOUT,
+    ERROR,
+    HEARTBEAT,
+    OP_NAMES,
+    SENT,
+    Segment,
+    segment_path,
+)
 
 TRANSPORTS = ("auto", "shm", "verbs")
 #: a proxy imports torch before it answers: seconds on a loaded machine, minutes in an emulated guest
@@ -77,8 +88,7 @@ class Session:
         words = self._words
         if not words:
             address = self.segment.address
-            words = self._words = (ctypes.c_int64.from_address(address + 8 * ERROR),
-                                   ctypes.c_int64.from_address(address + 8 * HEARTBEAT))
+            words = self._words = (ctypes.c_int64.from_address(address + 8 * ERROR), ctypes.c_int64.from_address(address + 8 * HEARTBEAT))
         error, beat = words
         if error.value or time.monotonic_ns() - beat.value > HEARTBEAT_STALE_NS:
             self.check()
@@ -94,11 +104,14 @@ class Session:
             op = OP_NAMES.get(int(self.segment.control[DESC + 2 * self.layout.slot(max(step, 0))]), "unknown")
             t = f"{self.cfg.timeout_s:g} s"
             if code == ERR_PEER_TIMEOUT:
-                raise RdmaTimeout(f"arxg: rank {peer} sent nothing for step {step} within {t}: the peer stopped, "
-                                  f"crashed or runs a different sequence of collectives", peer=peer, op=op)
+                raise RdmaTimeout(
+                    f"arxg: rank {peer} sent nothing for step {step} within {t}: the peer stopped, "
+                    f"crashed or runs a different sequence of collectives",
+                    peer=peer,
+                    op=op,
+                )
             if code == ERR_PROXY_TIMEOUT:
-                raise RdmaTimeout(f"arxg: this rank's proxy did not send step {step} within {t} "
-                                  f"({self._proxy_state()})", op=op)
+                raise RdmaTimeout(f"arxg: this rank's proxy did not send step {step} within {t} ({self._proxy_state()})", op=op)
             raise RdmaError(f"arxg: the proxy failed at step {step}: {message}", peer=None if peer < 0 else peer, op=op)
 
     def _proxy_state(self) -> str:

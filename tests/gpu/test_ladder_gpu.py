@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from arxtune.harness.results import load_run
+from helpers.workers import torchrun
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 TESTS = Path(__file__).parents[1]
@@ -25,21 +24,7 @@ def test_the_ladder_times_eager_and_graph_boundaries_on_one_gpu(tmp_path):
     env.update(
         PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), ARXTUNE_BOOT_OUT=str(tmp_path), ARXTUNE_BOOT_BUDGET_S="2"
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            str(TESTS / "helpers" / "ladder_gpu_worker.py"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = torchrun("ladder_gpu_worker.py", 1, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = {r["policy"]: r["line"] for r in (json.loads(x[7:]) for x in result.stdout.splitlines() if x.startswith("RESULT "))}
     for policy, line in lines.items():

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from arxtune.harness.calibrate import calibrate
 
+from helpers.workers import torchrun
 from helpers.runs import make_run
 
 TESTS = Path(__file__).parents[1]
@@ -61,22 +60,7 @@ def test_one_calibrated_file_serves_a_tp2_and_a_tp3_job(tmp_path):
             k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ARXTUNE_OVERRIDES", "ARXTUNE_FINGERPRINT")
         }
         env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]), ARXTUNE_EXTRA_BACKENDS=extra, OMP_NUM_THREADS="1")
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node",
-                str(world),
-                str(TESTS / "helpers" / "deployment_worker.py"),
-                str(path),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        result = torchrun("deployment_worker.py", world, path, env=env, timeout=240)
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count("deployment ok") == world, result.stdout
         line = next(x for x in result.stderr.splitlines() if x.startswith("arxtune: world"))

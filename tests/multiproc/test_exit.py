@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers.workers import torchrun
 
 TESTS = Path(__file__).parents[1]
 RUNS = 30
@@ -57,22 +57,7 @@ def test_the_readme_usage_exits_cleanly_30_times(tmp_path):
 
     def job(i: int) -> tuple[int, subprocess.CompletedProcess]:
         args = ["close"] if i % 2 else []  # half close, half just end
-        return i, subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node",
-                "2",
-                str(TESTS / "helpers" / "usage_worker.py"),
-                *args,
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        return i, torchrun("usage_worker.py", 2, *args, env=env, timeout=240)
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(job, range(RUNS)))

@@ -23,6 +23,7 @@ import pytest
 
 from arxtune.harness.calibrate import calibrate
 from arxtune.harness.results import load_run
+from helpers.workers import torchrun
 
 TESTS = Path(__file__).parents[1]
 KiB = 1024
@@ -42,22 +43,7 @@ def _launch(world: int, tmp_path: Path) -> subprocess.CompletedProcess:
         ARXTUNE_BOOT_BUDGET_S=str(BUDGET_S),
         ARXTUNE_TEST_HANG_S=str(HANG_S),
     )
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(world),
-            str(TESTS / "helpers" / "ladder_worker.py"),
-            str(tmp_path),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return torchrun("ladder_worker.py", world, tmp_path, env=env, timeout=300)
 
 
 @pytest.mark.multiproc

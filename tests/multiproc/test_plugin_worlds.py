@@ -4,14 +4,13 @@ a file for TP=2 only, served at TP=4, is one warning and vLLM as it is."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from arxtune.harness.calibrate import calibrate
 
+from helpers.workers import torchrun
 from helpers.runs import make_run
 
 TESTS = Path(__file__).parents[1]
@@ -39,23 +38,7 @@ def test_a_merged_file_serves_tp2_tp3_and_tp4_and_a_tp2_file_at_tp4_is_one_warni
         ARXTUNE_BOOT="off",
         OMP_NUM_THREADS="1",
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "4",
-            str(TESTS / "helpers" / "plugin_worker.py"),
-            str(merged),
-            str(tp2),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = torchrun("plugin_worker.py", 4, merged, tp2, env=env, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("plugin ok") == 4, result.stdout
     lines = [line for line in result.stderr.splitlines() if line.startswith("arxtune: tp:")]

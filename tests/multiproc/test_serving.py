@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.workers import torchrun
 
 TESTS = Path(__file__).parents[1]
 
@@ -23,21 +22,7 @@ def test_verify_and_the_agreed_variables(tmp_path):
         ARXTUNE_EXTRA_BACKENDS="goeswrong=helpers.backends:GoesWrong",
         ARXTUNE_BOOT_OUT=str(tmp_path / "boot"),
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(TESTS / "helpers" / "serving_worker.py"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = torchrun("serving_worker.py", 2, env=env, timeout=240)
     assert result.returncode == 0 and result.stdout.count("serving ok") == 2, result.stdout + result.stderr
     got = {
         r["scenario"]: r

@@ -223,32 +223,8 @@ def calibrate(
     if len({r.meta.run_id for r in runs}) < len(runs):
         raise ArxtuneError("the same run is given twice")
     preferred = _pick_run(prefer, runs)
-    if baseline is None:
-        baselines = {r.meta.baseline for r in runs}
-        if len(baselines) > 1:
-            raise ArxtuneError(f"the runs have different baselines ({', '.join(sorted(baselines))}); pick one with --baseline")
-        baseline = runs[0].meta.baseline
-    else:
-        measured = sorted({rec.backend for r in runs for rec in r.records})
-        if baseline not in measured:
-            raise ArxtuneError(
-                f"baseline {baseline!r} was not measured in {', '.join(r.meta.run_id for r in runs)}; "
-                f"pick one of {', '.join(measured) or 'none'}"
-            )
-    # A run checked bits against its own baseline: against another one its bitwise flags say nothing.
-    other_baseline = next((r for r in runs if r.meta.baseline != baseline), None)
-    if invariant and other_baseline is not None:
-        raise ArxtuneError(
-            f"run {other_baseline.meta.run_id} checked bits against its baseline {other_baseline.meta.baseline}, not "
-            f"{baseline}; with --invariant keep --baseline {other_baseline.meta.baseline} (or sweep with --baseline {baseline})"
-        )
-    views = {mode: (v,) if isinstance(v, str) else tuple(v) for mode, v in (views or DEFAULT_VIEWS).items()}
-    for mode, candidates in views.items():
-        if mode not in MODES:
-            raise ArxtuneError(f"unknown runtime mode {mode!r}; the runtime tells {' and '.join(MODES)} apart")
-        wrong = [v for v in candidates if v not in DEFAULT_VIEWS[mode]]
-        if wrong:
-            raise ArxtuneError(f"the {mode} table can be fed by the {' or '.join(DEFAULT_VIEWS[mode])} timing view, not {wrong[0]!r}")
+    baseline = _checked_baseline(runs, baseline, invariant)
+    mode_views = _checked_views(views)
     fingerprints = {r.meta.run_id: fingerprint_of(r) for r in runs}
     for r in runs[1:]:
         if _cluster(fingerprints[r.meta.run_id]) != _cluster(fingerprints[runs[0].meta.run_id]):
@@ -258,23 +234,14 @@ def calibrate(
     models: list[tuple[str, Model]] = []
     used_views: dict[str, dict[str, str]] = {}
     for r in runs:
-        for name, s in _setups(r).items():
-            if name in setup and setup[name][1] != s:
-                winner = _choose(
-                    f"opened {name} with different options ({setup[name][1].options} vs {s.options})", setup[name][0], r, preferred
-                )
-                s = setup[name][1] if winner is setup[name][0] else s
-                r_setup = winner
-            else:
-                r_setup = setup.get(name, (r, s))[0]
-            setup[name] = (r_setup, s)
+        _add_setups(setup, r, preferred)
         frame = r.frame()
         if r.meta.baseline != baseline:
             frame = frame.assign(bitwise=None)
         ok = frame[frame.status == "ok"]
         if invariant:
             ok = ok[(ok.backend == baseline) | ok.bitwise.map(lambda v: _flag(v) is True)]
-        for mode, candidates in views.items():
+        for mode, candidates in mode_views.items():
             view = next((v for v in candidates if (ok["view"] == v).any()), None)
             if view is None:
                 continue
@@ -290,16 +257,10 @@ def calibrate(
                     continue
                 chosen[t.key] = (r, t)
     if not chosen:
-        raise ArxtuneError(f"no correct points in the views {views} of {', '.join(r.meta.run_id for r in runs)}; check `arxtune show RUN`")
-    final = []
-    for _, t in chosen.values():
-        ranges = t.ranges
-        for name, (_, s) in setup.items():
-            if t.op in s.capacity:
-                ranges = cap_ranges(ranges, name, int(s.capacity[t.op]), baseline)
-        final.append(
-            Table(t.op, t.dtype, t.world_size, invariant_ranges(ranges, baseline) if invariant else ranges, t.mode, t.run_id, t.view)
+        raise ArxtuneError(
+            f"no correct points in the views {mode_views} of {', '.join(r.meta.run_id for r in runs)}; check `arxtune show RUN`"
         )
+    final = _capped_tables(chosen, setup, baseline, invariant)
     kept = {t.run_id for t in final}
     # A model stays where its run's table was kept.
     models = [m for run_id, m in models if (t := chosen.get((m.mode, m.op, m.dtype, m.world_size))) and t[1].run_id == run_id]  # type: ignore[assignment, index, misc]
@@ -324,6 +285,72 @@ def calibrate(
         sources,
         {name: s for name, (_, s) in setup.items()},
     )
+
+
+def _checked_baseline(runs: list[Run], baseline: str | None, invariant: bool) -> str:
+    """The baseline every table is judged against: the runs' own, or `baseline` if they measured it."""
+    if baseline is None:
+        baselines = {r.meta.baseline for r in runs}
+        if len(baselines) > 1:
+            raise ArxtuneError(f"the runs have different baselines ({', '.join(sorted(baselines))}); pick one with --baseline")
+        baseline = runs[0].meta.baseline
+    else:
+        measured = sorted({rec.backend for r in runs for rec in r.records})
+        if baseline not in measured:
+            raise ArxtuneError(
+                f"baseline {baseline!r} was not measured in {', '.join(r.meta.run_id for r in runs)}; "
+                f"pick one of {', '.join(measured) or 'none'}"
+            )
+    # A run checked bits against its own baseline: against another one its bitwise flags say nothing.
+    other_baseline = next((r for r in runs if r.meta.baseline != baseline), None)
+    if invariant and other_baseline is not None:
+        raise ArxtuneError(
+            f"run {other_baseline.meta.run_id} checked bits against its baseline {other_baseline.meta.baseline}, not "
+            f"{baseline}; with --invariant keep --baseline {other_baseline.meta.baseline} (or sweep with --baseline {baseline})"
+        )
+    return baseline
+
+
+def _checked_views(views: dict[str, str | tuple[str, ...]] | None) -> dict[str, tuple[str, ...]]:
+    """Each runtime mode's timing views, first present wins; a mode or view that cannot feed it is an error."""
+    checked = {mode: (v,) if isinstance(v, str) else tuple(v) for mode, v in (views or DEFAULT_VIEWS).items()}
+    for mode, candidates in checked.items():
+        if mode not in MODES:
+            raise ArxtuneError(f"unknown runtime mode {mode!r}; the runtime tells {' and '.join(MODES)} apart")
+        wrong = [v for v in candidates if v not in DEFAULT_VIEWS[mode]]
+        if wrong:
+            raise ArxtuneError(f"the {mode} table can be fed by the {' or '.join(DEFAULT_VIEWS[mode])} timing view, not {wrong[0]!r}")
+    return checked
+
+
+def _add_setups(setup: dict[str, tuple[Run, BackendSetup]], r: Run, preferred: Run | None) -> None:
+    """Each backend's options as `r` opened it; two runs that opened one backend differently need `prefer`."""
+    for name, s in _setups(r).items():
+        if name in setup and setup[name][1] != s:
+            winner = _choose(
+                f"opened {name} with different options ({setup[name][1].options} vs {s.options})", setup[name][0], r, preferred
+            )
+            s = setup[name][1] if winner is setup[name][0] else s
+            r_setup = winner
+        else:
+            r_setup = setup.get(name, (r, s))[0]
+        setup[name] = (r_setup, s)
+
+
+def _capped_tables(
+    chosen: dict[tuple, tuple[Run, Table]], setup: dict[str, tuple[Run, BackendSetup]], baseline: str, invariant: bool
+) -> list[Table]:
+    """The chosen tables with every range capped at its backend's capacity (and only bit-equal ones, with `invariant`)."""
+    final = []
+    for _, t in chosen.values():
+        ranges = t.ranges
+        for name, (_, s) in setup.items():
+            if t.op in s.capacity:
+                ranges = cap_ranges(ranges, name, int(s.capacity[t.op]), baseline)
+        final.append(
+            Table(t.op, t.dtype, t.world_size, invariant_ranges(ranges, baseline) if invariant else ranges, t.mode, t.run_id, t.view)
+        )
+    return final
 
 
 def baseline_warnings(runs: Run | Sequence[Run], baseline: str | None = None) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import time
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: helpers
 
 import torch
 import torch.distributed as dist

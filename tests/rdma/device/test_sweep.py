@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.rdma
-REPO = Path(__file__).parents[2]
+REPO = Path(__file__).parents[3]
 
 
 @pytest.mark.timeout(1200)  # above the sweep's own 900 s limit, so that limit is what reports a slow guest
